@@ -1,0 +1,75 @@
+"""The codec interface every compressor implements (GRACE's "Compressor"): one file per codec.
+
+A codec turns a 1-D float32 array into bytes and back. It never converts silently: wrong dtype,
+shape or a malformed stream raise a clear error.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class Codec(ABC):
+    """A gradient compressor. Subclasses set ``name`` and implement encode/decode_into."""
+
+    name: str = ""
+
+    @abstractmethod
+    def encode(self, x: np.ndarray) -> bytes:
+        """Compress a 1-D float32 array into a self-contained byte string."""
+
+    @abstractmethod
+    def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
+        """Decompress ``blob`` into the caller's float32 array ``out`` (its length is n)."""
+
+    def decode(self, blob, n: int) -> np.ndarray:
+        """Decompress ``blob`` holding ``n`` values into a new float32 array."""
+        n = check_count(n)
+        out = np.empty(n, dtype=np.float32)
+        return self.decode_into(blob, out)
+
+    def roundtrip(self, x: np.ndarray) -> np.ndarray:
+        """What a receiver decodes for ``x``: the basis of error feedback."""
+        x = check_vector(x)
+        return self.decode(self.encode(x), x.size)
+
+
+def check_vector(x) -> np.ndarray:
+    """Accept a 1-D float32 ndarray (any strides); refuse everything else with a clear error."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"expected a numpy float32 array, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"expected dtype float32, got {x.dtype} (convert explicitly with .astype(np.float32))")
+    if x.ndim != 1:
+        raise ValueError(f"expected a 1-D array, got shape {x.shape} (flatten it with .ravel())")
+    return np.ascontiguousarray(x)
+
+
+def check_out(out) -> np.ndarray:
+    """The caller's decode buffer must be a writable, contiguous 1-D float32 array."""
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 1:
+        desc = f"{out.dtype} array of shape {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise TypeError(f"decode buffer must be a 1-D float32 numpy array, got {desc}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("decode buffer must be C-contiguous and writable")
+    return out
+
+
+def check_blob(blob) -> memoryview:
+    """Any bytes-like object; returned as a flat byte view without copying."""
+    try:
+        view = memoryview(blob)
+    except TypeError:
+        raise TypeError(f"expected a bytes-like stream, got {type(blob).__name__}") from None
+    if not view.c_contiguous:
+        raise ValueError("stream buffer must be contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def check_count(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"value count must be an integer, got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"value count must be >= 0, got {n}")
+    return int(n)

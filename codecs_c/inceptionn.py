@@ -1,0 +1,86 @@
+"""The INCEPTIONN codec (SPEC.md section 1) through its C library, with the numpy reference
+selectable as ``impl="numpy"`` so every path shares one API."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import inceptionn_reference as ref
+from .base import Codec, check_blob, check_out, check_vector
+from ._native import ffi, lib
+
+IMPLS = {"auto": lib.INC_IMPL_AUTO, "scalar": lib.INC_IMPL_SCALAR, "avx2": lib.INC_IMPL_AVX2, "numpy": None}
+TIER_NAMES = ("0bit", "8bit", "16bit", "32bit")
+TIER_BITS = np.array([0, 8, 16, 32])
+
+
+def have_avx2() -> bool:
+    return bool(lib.inc_have_avx2())
+
+
+def max_encoded_size(n: int) -> int:
+    return int(lib.inc_max_encoded_size(n))
+
+
+class InceptionnCodec(Codec):
+    """Error bound 2^error_bound, error_bound a negative integer (the paper uses -10, -8, -6)."""
+
+    name = "inceptionn"
+
+    def __init__(self, error_bound: int = -10, impl: str = "auto"):
+        if isinstance(error_bound, bool) or not isinstance(error_bound, (int, np.integer)):
+            raise TypeError(f"error_bound must be an integer exponent such as -10, got {error_bound!r}")
+        if not lib.INC_MIN_ERROR_BOUND <= error_bound <= lib.INC_MAX_ERROR_BOUND:
+            raise ValueError(f"error_bound must be between {lib.INC_MIN_ERROR_BOUND} and "
+                             f"{lib.INC_MAX_ERROR_BOUND} (the bound is 2^error_bound), got {error_bound}")
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        if impl == "avx2" and not have_avx2():
+            raise ValueError("impl='avx2' requested but this CPU has no AVX2")
+        self.error_bound = int(error_bound)
+        self.impl = ("avx2" if have_avx2() else "scalar") if impl == "auto" else impl
+        self._impl_code = IMPLS[self.impl]
+
+    def __repr__(self) -> str:
+        return f"InceptionnCodec(error_bound={self.error_bound}, impl={self.impl!r})"
+
+    def encode(self, x: np.ndarray) -> bytes:
+        x = check_vector(x)
+        if self.impl == "numpy":
+            return ref.encode(x, self.error_bound)
+        out = np.empty(max_encoded_size(x.size), dtype=np.uint8)
+        r = lib.inc_encode(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound,
+                           ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
+                           out.size, self._impl_code)
+        if r < 0:  # cannot happen with a worst-case buffer; kept loud rather than silent
+            raise RuntimeError(f"inceptionn encode failed: {ffi.string(lib.inc_strerror(r)).decode()}")
+        return out[:r].tobytes()
+
+    def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
+        view = check_blob(blob)
+        out = check_out(out)
+        if self.impl == "numpy":
+            out[:] = ref.decode(bytes(view), out.size)
+            return out
+        err_at = ffi.new("size_t *")
+        src = ffi.from_buffer(view) if view.nbytes else ffi.NULL
+        r = lib.inc_decode(ffi.cast("const uint8_t *", src), view.nbytes,
+                           ffi.cast("float *", ffi.from_buffer(out, require_writable=True)) if out.size else ffi.NULL,
+                           out.size, err_at, self._impl_code)
+        if r != lib.INC_OK:
+            raise ValueError(f"malformed inceptionn stream: {ffi.string(lib.inc_strerror(r)).decode()} "
+                             f"at byte {err_at[0]} (stream of {view.nbytes} bytes, {out.size} values)")
+        return out
+
+    def histogram(self, x: np.ndarray) -> np.ndarray:
+        """Values per tier [0BIT, 8BIT, 16BIT, NO_COMPRESS]: the paper's bitwidth distribution."""
+        x = check_vector(x)
+        if self.impl == "numpy":
+            return np.bincount(ref.tiers(x, self.error_bound), minlength=4).astype(np.int64)
+        counts = ffi.new("uint64_t[4]")
+        lib.inc_histogram(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound, counts)
+        return np.array(list(counts), dtype=np.int64)
+
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes ``encode(x)`` would produce, without producing them."""
+        x = check_vector(x)
+        return int(lib.inc_encoded_size(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound))

@@ -1,0 +1,261 @@
+/*
+ * INCEPTIONN codec: portable scalar path, run-time dispatch to the AVX2 path, and the checks.
+ * The scalar path follows SPEC.md's bit formulas literally; the AVX2 path computes the same
+ * fields with float arithmetic, and the tests hold the two bit-identical.
+ */
+#include "inceptionn_codec.h"
+#include "inceptionn_codec_internal.h"
+
+#include <string.h>
+
+static const uint8_t lane_bytes[4] = {0, 1, 2, 4};
+
+size_t inc_max_encoded_size(size_t n)
+{
+    size_t groups = n / INC_LANES + (n % INC_LANES != 0);
+    if (groups > SIZE_MAX / INC_MAX_GROUP_BYTES)
+        return SIZE_MAX; /* saturate: no buffer that large exists */
+    return groups * INC_MAX_GROUP_BYTES;
+}
+
+int inc_have_avx2(void)
+{
+#if INC_X86
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+const char *inc_strerror(int status)
+{
+    switch (status) {
+    case INC_OK: return "ok";
+    case INC_E_ARG: return "bad argument";
+    case INC_E_SPACE: return "output buffer too small";
+    case INC_E_TRUNCATED: return "stream ends inside a group";
+    case INC_E_TRAILING: return "bytes left after the last group";
+    case INC_E_PADDING: return "a lane past the value count is not 0BIT";
+    default: return "unknown error";
+    }
+}
+
+static inline unsigned tier_of(uint32_t bits, uint32_t eb, uint32_t mid)
+{
+    uint32_t e = (bits >> 23) & 0xFF;
+    if (e >= 127) return INC_NO_COMPRESS;
+    if (e < eb) return INC_0BIT;
+    if (e >= mid) return INC_16BIT;
+    return INC_8BIT;
+}
+
+/* Bits 22..0 of the value as a fixed-point fraction below 1.0 (SPEC: (1<<23 | m) >> (127-e)). */
+static inline uint32_t fixed_fraction(uint32_t bits)
+{
+    uint32_t e = (bits >> 23) & 0xFF;
+    return ((1u << 23) | (bits & 0x7FFFFF)) >> (127 - e);
+}
+
+static inline size_t encode_group_scalar(const float *in, size_t lanes, uint32_t eb,
+                                         uint32_t mid, uint8_t *o)
+{
+    uint16_t key = 0;
+    size_t p = 2;
+    for (size_t j = 0; j < lanes; j++) {
+        uint32_t bits;
+        memcpy(&bits, &in[j], 4);
+        unsigned t = tier_of(bits, eb, mid);
+        uint32_t s = bits >> 31;
+        key |= (uint16_t)(t << (2 * j));
+        switch (t) {
+        case INC_8BIT:
+            o[p++] = (uint8_t)((s << 7) | ((fixed_fraction(bits) >> 16) & 0x7F));
+            break;
+        case INC_16BIT: {
+            uint32_t v = (s << 15) | ((fixed_fraction(bits) >> 8) & 0x7FFF);
+            o[p++] = (uint8_t)v;
+            o[p++] = (uint8_t)(v >> 8);
+            break;
+        }
+        case INC_NO_COMPRESS:
+            o[p++] = (uint8_t)bits;
+            o[p++] = (uint8_t)(bits >> 8);
+            o[p++] = (uint8_t)(bits >> 16);
+            o[p++] = (uint8_t)(bits >> 24);
+            break;
+        default:
+            break;
+        }
+    }
+    o[0] = (uint8_t)key;
+    o[1] = (uint8_t)(key >> 8);
+    return p;
+}
+
+ptrdiff_t inc_encode(const float *in, size_t n, int k, uint8_t *out, size_t cap, int impl)
+{
+    if (k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND)
+        return INC_E_ARG;
+    if (n > 0 && (in == NULL || out == NULL))
+        return INC_E_ARG;
+    if (impl == INC_IMPL_AUTO)
+        impl = inc_have_avx2() ? INC_IMPL_AVX2 : INC_IMPL_SCALAR;
+    if (impl == INC_IMPL_AVX2 && !inc_have_avx2())
+        return INC_E_ARG;
+    if (impl != INC_IMPL_SCALAR && impl != INC_IMPL_AVX2)
+        return INC_E_ARG;
+
+    uint32_t eb = (uint32_t)(127 + k);
+    uint32_t mid = eb + (uint32_t)((-k + 1) / 2);
+    size_t groups = n / INC_LANES + (n % INC_LANES != 0);
+    size_t g = 0, pos = 0;
+#if INC_X86
+    if (impl == INC_IMPL_AVX2)
+        g = inc__encode_avx2(in, n / INC_LANES, eb, mid, out, cap, &pos);
+#endif
+    uint8_t tmp[INC_MAX_GROUP_BYTES];
+    for (; g < groups; g++) {
+        size_t lanes = n - g * INC_LANES < INC_LANES ? n - g * INC_LANES : INC_LANES;
+        if (cap - pos >= INC_MAX_GROUP_BYTES) {
+            pos += encode_group_scalar(in + g * INC_LANES, lanes, eb, mid, out + pos);
+        } else {
+            /* Near the end of a tight buffer: stage the group, copy only if it fits. */
+            size_t len = encode_group_scalar(in + g * INC_LANES, lanes, eb, mid, tmp);
+            if (len > cap - pos)
+                return INC_E_SPACE;
+            memcpy(out + pos, tmp, len);
+            pos += len;
+        }
+    }
+    return (ptrdiff_t)pos;
+}
+
+/* SPEC decode of a 16BIT/8BIT field f of width w (15 or 7) with sign s. */
+static inline uint32_t decode_field(uint32_t s, uint32_t f, unsigned w)
+{
+    if (f == 0)
+        return s << 31; /* (choice) a signed zero */
+    unsigned bitlen = 32 - (unsigned)__builtin_clz(f);
+    unsigned nshift = w + 1 - bitlen;
+    uint32_t e = 127 - nshift;
+    uint32_t mant = ((f << nshift) & ((1u << w) - 1)) << (23 - w);
+    return (s << 31) | (e << 23) | mant;
+}
+
+/* One group at in[0..avail). Returns its byte length, or a negative status. */
+static inline ptrdiff_t decode_group_scalar(const uint8_t *in, size_t avail, float *out,
+                                            size_t lanes)
+{
+    if (avail < 2)
+        return INC_E_TRUNCATED;
+    uint16_t key = (uint16_t)(in[0] | (in[1] << 8));
+    size_t need = 2;
+    for (unsigned j = 0; j < INC_LANES; j++) {
+        unsigned t = (key >> (2 * j)) & 3;
+        if (j >= lanes && t != INC_0BIT)
+            return INC_E_PADDING;
+        need += lane_bytes[t];
+    }
+    if (avail < need)
+        return INC_E_TRUNCATED;
+    size_t p = 2;
+    for (unsigned j = 0; j < lanes; j++) {
+        uint32_t bits;
+        switch ((key >> (2 * j)) & 3) {
+        case INC_8BIT:
+            bits = decode_field(in[p] >> 7, in[p] & 0x7Fu, 7);
+            p += 1;
+            break;
+        case INC_16BIT: {
+            uint32_t v = (uint32_t)in[p] | ((uint32_t)in[p + 1] << 8);
+            bits = decode_field(v >> 15, v & 0x7FFFu, 15);
+            p += 2;
+            break;
+        }
+        case INC_NO_COMPRESS:
+            bits = (uint32_t)in[p] | ((uint32_t)in[p + 1] << 8) | ((uint32_t)in[p + 2] << 16) |
+                   ((uint32_t)in[p + 3] << 24);
+            p += 4;
+            break;
+        default:
+            bits = 0;
+            break;
+        }
+        memcpy(&out[j], &bits, 4);
+    }
+    return (ptrdiff_t)need;
+}
+
+int inc_decode(const uint8_t *in, size_t len, float *out, size_t n, size_t *err_at, int impl)
+{
+    size_t pos = 0;
+    if (err_at)
+        *err_at = 0;
+    if ((len > 0 && in == NULL) || (n > 0 && out == NULL))
+        return INC_E_ARG;
+    if (impl == INC_IMPL_AUTO)
+        impl = inc_have_avx2() ? INC_IMPL_AVX2 : INC_IMPL_SCALAR;
+    if (impl == INC_IMPL_AVX2 && !inc_have_avx2())
+        return INC_E_ARG;
+    if (impl != INC_IMPL_SCALAR && impl != INC_IMPL_AVX2)
+        return INC_E_ARG;
+
+    size_t groups = n / INC_LANES + (n % INC_LANES != 0);
+    /* Every group is at least its 2-byte tag word: reject a count the input cannot hold before
+     * touching anything (a hostile header must not make us walk a huge output). */
+    if (groups > len / 2) {
+        if (err_at)
+            *err_at = len & ~(size_t)1;
+        return INC_E_TRUNCATED;
+    }
+    size_t g = 0;
+#if INC_X86
+    if (impl == INC_IMPL_AVX2)
+        g = inc__decode_avx2(in, len, out, n / INC_LANES, &pos);
+#endif
+    for (; g < groups; g++) {
+        size_t lanes = n - g * INC_LANES < INC_LANES ? n - g * INC_LANES : INC_LANES;
+        ptrdiff_t r = decode_group_scalar(in + pos, len - pos, out + g * INC_LANES, lanes);
+        if (r < 0) {
+            if (err_at)
+                *err_at = pos;
+            return (int)r;
+        }
+        pos += (size_t)r;
+    }
+    if (pos != len) {
+        if (err_at)
+            *err_at = pos;
+        return INC_E_TRAILING;
+    }
+    return INC_OK;
+}
+
+size_t inc_encoded_size(const float *in, size_t n, int k)
+{
+    uint64_t c[4] = {0, 0, 0, 0};
+    inc_histogram(in, n, k, c);
+    size_t groups = n / INC_LANES + (n % INC_LANES != 0);
+    return 2 * groups + (size_t)(c[1] + 2 * c[2] + 4 * c[3]);
+}
+
+void inc_histogram(const float *in, size_t n, int k, uint64_t counts[4])
+{
+    if (k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND || (n > 0 && in == NULL))
+        return;
+    uint32_t eb = (uint32_t)(127 + k);
+    uint32_t mid = eb + (uint32_t)((-k + 1) / 2);
+    uint64_t c[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &in[i], 4);
+        c[tier_of(bits, eb, mid)]++;
+    }
+    for (int t = 0; t < 4; t++)
+        counts[t] += c[t];
+}

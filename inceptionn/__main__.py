@@ -1,0 +1,3 @@
+from inceptionn.cli import main
+
+raise SystemExit(main())
