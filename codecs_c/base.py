@@ -26,8 +26,13 @@ class Codec(ABC):
     def decode(self, blob, n: int) -> np.ndarray:
         """Decompress ``blob`` holding ``n`` values into a new float32 array."""
         n = check_count(n)
+        self.check_count_fits(check_blob(blob).nbytes, n)  # before allocating n floats
         out = np.empty(n, dtype=np.float32)
         return self.decode_into(blob, out)
+
+    def check_count_fits(self, nbytes: int, n: int) -> None:
+        """Raise ValueError when no valid stream of ``nbytes`` can hold ``n`` values, so a
+        hostile count never turns into a huge allocation. Codecs with a size rule override it."""
 
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
         """What a receiver decodes for ``x``: the basis of error feedback."""

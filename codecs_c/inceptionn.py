@@ -48,12 +48,28 @@ class InceptionnCodec(Codec):
         if self.impl == "numpy":
             return ref.encode(x, self.error_bound)
         out = np.empty(max_encoded_size(x.size), dtype=np.uint8)
+        return out[: self.encode_into(x, out)].tobytes()
+
+    def encode_into(self, x: np.ndarray, out) -> int:
+        """Encode into the caller's writable byte buffer; returns the bytes written.
+        A buffer of ``max_encoded_size(x.size)`` bytes always suffices."""
+        x = check_vector(x)
+        if self.impl == "numpy":
+            blob = ref.encode(x, self.error_bound)
+            view = memoryview(out).cast("B")
+            if len(blob) > view.nbytes:
+                raise ValueError(f"output buffer of {view.nbytes} bytes is too small for {len(blob)} bytes")
+            view[: len(blob)] = blob
+            return len(blob)
+        dst = ffi.from_buffer(out, require_writable=True)
         r = lib.inc_encode(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound,
-                           ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
-                           out.size, self._impl_code)
-        if r < 0:  # cannot happen with a worst-case buffer; kept loud rather than silent
+                           ffi.cast("uint8_t *", dst), len(dst), self._impl_code)
+        if r == lib.INC_E_SPACE:
+            raise ValueError(f"output buffer of {len(dst)} bytes is too small "
+                             f"(max_encoded_size({x.size}) = {max_encoded_size(x.size)})")
+        if r < 0:
             raise RuntimeError(f"inceptionn encode failed: {ffi.string(lib.inc_strerror(r)).decode()}")
-        return out[:r].tobytes()
+        return int(r)
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
         view = check_blob(blob)
@@ -70,6 +86,12 @@ class InceptionnCodec(Codec):
             raise ValueError(f"malformed inceptionn stream: {ffi.string(lib.inc_strerror(r)).decode()} "
                              f"at byte {err_at[0]} (stream of {view.nbytes} bytes, {out.size} values)")
         return out
+
+    def check_count_fits(self, nbytes: int, n: int) -> None:
+        groups = -(-n // 8)
+        if not 2 * groups <= nbytes <= lib.INC_MAX_GROUP_BYTES * groups:
+            raise ValueError(f"malformed inceptionn stream: {n} values take {2 * groups} to "
+                             f"{lib.INC_MAX_GROUP_BYTES * groups} bytes, got {nbytes}")
 
     def histogram(self, x: np.ndarray) -> np.ndarray:
         """Values per tier [0BIT, 8BIT, 16BIT, NO_COMPRESS]: the paper's bitwidth distribution."""

@@ -1,0 +1,52 @@
+# Build and test entry points. ./run.sh installs the system packages first and then calls these.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CODEC_SRC := codecs_c/inceptionn_codec.c codecs_c/inceptionn_codec_avx2.c
+CODEC_HDR := codecs_c/inceptionn_codec.h codecs_c/inceptionn_codec_internal.h
+CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
+SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_SECONDS ?= 60
+
+.PHONY: all demo test bench check-c fuzz clean
+
+all: $(VENV)/.installed
+
+# The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
+# package metadata changes.
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(CODEC_SRC) $(CODEC_HDR)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/inceptionn demo
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/inceptionn bench codec
+
+test: $(VENV)/.installed build/test_codec_san build/fuzz_inceptionn
+	$(VENV)/bin/pytest -q tests
+
+# The codec's C unit test under AddressSanitizer and UndefinedBehaviorSanitizer.
+build/test_codec_san: codecs_c/tests/test_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	$(CC) $(CFLAGS_CHECK) $(SANITIZE) $< $(CODEC_SRC) -lm -o $@
+
+check-c: build/test_codec_san
+	./build/test_codec_san
+
+# libFuzzer target (clang), also under ASan/UBSan.
+build/fuzz_inceptionn: codecs_c/fuzz/fuzz_inceptionn.c $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	clang $(CFLAGS_CHECK) -fsanitize=fuzzer $(SANITIZE) $< $(CODEC_SRC) -o $@
+
+# Bounded fuzzing run: new inputs go to build/, the seeds in tests/fuzz_corpus/ stay as they are.
+fuzz: build/fuzz_inceptionn
+	@mkdir -p build/fuzz-corpus/inceptionn
+	./build/fuzz_inceptionn -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+		build/fuzz-corpus/inceptionn tests/fuzz_corpus/inceptionn
+
+clean:
+	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so

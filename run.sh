@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One entry point that works as root on a fresh Debian machine: installs the system packages the
+# project needs (only those missing), then hands over to make, which builds the virtual
+# environment, the C codecs and runs the target.
+#   ./run.sh demo    the main job on the embedded default data
+#   ./run.sh test    the whole test suite (what CI runs)
+#   ./run.sh TARGET  any other make target (bench, fuzz, check-c, clean)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(
+  make gcc libc6-dev python3 python3-venv python3-dev   # build and the venv
+  clang libclang-rt-14-dev                               # libFuzzer + sanitizers
+  iproute2 iptables iputils-ping ethtool iperf3          # testbed, rules, link checks
+  libnetfilter-queue-dev                                 # the soft NIC's queue
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "run.sh: missing Debian packages: ${missing[*]}; run as root or install them first" >&2
+    exit 1
+  fi
+  echo "run.sh: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+exec make --no-print-directory "${@:-test}"

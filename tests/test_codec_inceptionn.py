@@ -1,0 +1,194 @@
+"""The INCEPTIONN codec against SPEC.md section 1: C scalar, C AVX2 and the numpy reference
+must agree bit for bit, and each tier must keep the precision the spec gives it."""
+import math
+
+import numpy as np
+import pytest
+
+from inceptionn.codecs import available_codecs, get_codec
+from inceptionn.codecs.inceptionn import have_avx2, max_encoded_size
+from inceptionn.codecs.inceptionn_reference import thresholds
+
+C_IMPLS = ["scalar"] + (["avx2"] if have_avx2() else [])
+ALL_IMPLS = C_IMPLS + ["numpy"]
+BOUNDS = [-6, -7, -8, -9, -10, -11, -12]
+
+
+def bits(a):
+    return np.asarray(a, dtype=np.float32).view(np.uint32)
+
+
+def f32(*vals):
+    return np.array(vals, dtype=np.float32)
+
+
+def edge_values(k):
+    """Specials and both sides of every tier boundary for error bound 2^k."""
+    eb, mid = thresholds(k)
+    vals = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45, 1e-40, 1.17549435e-38,
+            np.finfo(np.float32).max, -np.finfo(np.float32).max]
+    for e in (eb, mid, 127):
+        edge = np.float32(2.0 ** (e - 127))
+        below = np.nextafter(edge, np.float32(0))
+        vals += [edge, -edge, below, -below, np.nextafter(edge, np.float32(np.inf))]
+    return np.array(vals, dtype=np.float32)
+
+
+def mixed_values(rng, n):
+    """Random floats over every exponent plus gradient-like magnitudes."""
+    raw = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    grad = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 1, n)).astype(np.float32)
+    return np.where(rng.random(n) < 0.3, raw, grad).astype(np.float32)
+
+
+@pytest.mark.parametrize("k", BOUNDS)
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 64, 1001, 40000])
+def test_all_paths_bit_identical(k, n):
+    rng = np.random.default_rng(n * 100 - k)
+    x = mixed_values(rng, n)
+    x[: min(n, 40)] = np.resize(edge_values(k), min(n, 40))
+    blobs = {impl: get_codec("inceptionn", error_bound=k, impl=impl).encode(x) for impl in ALL_IMPLS}
+    assert len(set(blobs.values())) == 1, {i: len(b) for i, b in blobs.items()}
+    blob = blobs["numpy"]
+    decoded = {impl: bits(get_codec("inceptionn", error_bound=k, impl=impl).decode(blob, n)) for impl in ALL_IMPLS}
+    for impl in ALL_IMPLS:
+        np.testing.assert_array_equal(decoded[impl], decoded["numpy"], err_msg=impl)
+
+
+def test_known_bytes():
+    # k=-10: Eb=117, mid=122. 0.75 -> 16BIT field 0.75*2^15; 2^-6 -> 8BIT field 2; 1e-5 -> 0BIT;
+    # 2.5 -> raw; -0.5 -> 16BIT with sign. Tags 2,1,0,3,2 = 0x2C6.
+    x = f32(0.75, 2**-6, 1e-5, 2.5, -0.5)
+    want = bytes([0xC6, 0x02, 0x00, 0x60, 0x02]) + f32(2.5).tobytes() + bytes([0x00, 0xC0])
+    for impl in ALL_IMPLS:
+        assert get_codec("inceptionn", error_bound=-10, impl=impl).encode(x) == want
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_specials(impl):
+    c = get_codec("inceptionn", error_bound=-10, impl=impl)
+    x = f32(0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-40, -1e-40)
+    y = c.roundtrip(x)
+    # Zeros and denormals are 0BIT, which decodes to +0.0 (the sign is not kept).
+    assert bits(y[[0, 1, 7, 8]]).tolist() == [0, 0, 0, 0]
+    # >= 1.0, inf and NaN travel raw, bit for bit.
+    np.testing.assert_array_equal(bits(y[2:7]), bits(x[2:7]))
+    assert c.histogram(x).tolist() == [4, 0, 0, 5]
+
+
+@pytest.mark.parametrize("k", BOUNDS)
+def test_tier_boundaries(k):
+    eb, mid = thresholds(k)
+    c = get_codec("inceptionn", error_bound=k)
+    lo8, lo16 = np.float32(2.0 ** (eb - 127)), np.float32(2.0 ** (mid - 127))
+    zero, one = np.float32(0), np.float32(1)
+    x = f32(np.nextafter(lo8, zero), lo8, np.nextafter(lo16, zero), lo16, np.nextafter(one, zero), 1.0)
+    assert c.histogram(x).tolist() == [1, 2, 2, 1]
+    ref = get_codec("inceptionn", error_bound=k, impl="numpy")
+    assert c.histogram(x).tolist() == ref.histogram(x).tolist()
+
+
+def test_8bit_hole_below_2_pow_minus_7():
+    """SPEC: for k < -7, 8BIT values in [2^k, 2^-7) lose their leading one and decode to a
+    (signed) zero while still costing 8 bits. The hardware does this; so do we."""
+    c = get_codec("inceptionn", error_bound=-10)
+    x = f32(2**-10, -2**-9, 2**-8 * 1.5)
+    assert c.histogram(x).tolist() == [0, 3, 0, 0]
+    assert bits(c.roundtrip(x)).tolist() == [0, 0x80000000, 0]
+
+
+@pytest.mark.parametrize("k", BOUNDS)
+def test_precision_per_tier(k):
+    rng = np.random.default_rng(-k)
+    x = (rng.standard_normal(50000) * 10.0 ** rng.uniform(-5, 0.5, 50000)).astype(np.float32)
+    c = get_codec("inceptionn", error_bound=k)
+    y = c.roundtrip(x)
+    eb, mid = thresholds(k)
+    e = (bits(x) >> 23) & 0xFF
+    err = np.abs(x.astype(np.float64) - y)
+    assert (err[(e >= mid) & (e < 127)] < 2**-15).all()
+    assert (err[(e >= eb) & (e < mid)] < 2**-7).all()
+    assert (bits(y[e < eb]) == 0).all()
+    np.testing.assert_array_equal(bits(y[e >= 127]), bits(x[e >= 127]))
+    # Truncation toward zero: never larger in magnitude.
+    assert (np.abs(y) <= np.abs(x)).all()
+
+
+@pytest.mark.parametrize("n", [0, 1, 8, 13, 1000])
+def test_stream_size(n):
+    rng = np.random.default_rng(n)
+    x = mixed_values(rng, n)
+    c = get_codec("inceptionn", error_bound=-8)
+    h = c.histogram(x)
+    expect = 2 * math.ceil(n / 8) + h[1] + 2 * h[2] + 4 * h[3]
+    assert len(c.encode(x)) == expect == c.encoded_size(x)
+    assert expect <= max_encoded_size(n) == 34 * math.ceil(n / 8)
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_decode_into_callers_buffer(impl):
+    c = get_codec("inceptionn", error_bound=-10, impl=impl)
+    x = f32(0.5, -0.25, 3.0, 0.001)
+    out = np.full(4, 7.0, dtype=np.float32)
+    assert c.decode_into(c.encode(x), out) is out
+    np.testing.assert_array_equal(out, c.roundtrip(x))
+    buf = bytearray(max_encoded_size(4))
+    n = c.encode_into(x, buf)
+    assert bytes(buf[:n]) == c.encode(x)
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_malformed_streams_raise_valueerror(impl):
+    c = get_codec("inceptionn", error_bound=-10, impl=impl)
+    x = f32(*([2.0] * 9))  # two groups, raw lanes
+    blob = c.encode(x)
+    for cut in range(len(blob)):
+        with pytest.raises(ValueError, match="stream"):
+            c.decode(blob[:cut], 9)
+    with pytest.raises(ValueError, match="bytes left after the last group"):
+        c.decode(blob + b"\0", 9)
+    # Second group: lane 1 tagged raw (0x000C) although only lane 0 holds a value.
+    with pytest.raises(ValueError, match="not 0BIT"):
+        c.decode(blob[:34] + b"\x0c\x00" + blob[-4:], 9)
+    with pytest.raises(ValueError):
+        c.decode(b"\0\0", 10**12)  # a hostile count is refused, not allocated per group
+
+
+def test_padding_lane_rejected_message():
+    c = get_codec("inceptionn", error_bound=-10)
+    with pytest.raises(ValueError, match="not 0BIT.*byte 0"):
+        c.decode(b"\x0c\x00" + b"\0\0\x20\x40", 1)  # lane 1 tagged raw but only 1 value
+
+
+def test_api_refuses_wrong_input():
+    c = get_codec("inceptionn", error_bound=-10)
+    with pytest.raises(TypeError, match="float32"):
+        c.encode(np.zeros(4, dtype=np.float64))
+    with pytest.raises(TypeError, match="numpy"):
+        c.encode([0.1, 0.2])
+    with pytest.raises(ValueError, match="1-D"):
+        c.encode(np.zeros((2, 2), dtype=np.float32))
+    with pytest.raises(TypeError, match="decode buffer"):
+        c.decode_into(b"", np.zeros(0, dtype=np.float64))
+    with pytest.raises(TypeError, match="bytes-like"):
+        c.decode("abc", 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        c.decode(b"", -1)
+    with pytest.raises(ValueError, match="too small"):
+        c.encode_into(f32(2.0, 2.0), bytearray(5))
+    for bad in (0, 1, -31):
+        with pytest.raises(ValueError, match="error_bound"):
+            get_codec("inceptionn", error_bound=bad)
+    with pytest.raises(TypeError, match="error_bound"):
+        get_codec("inceptionn", error_bound=-10.0)
+    with pytest.raises(ValueError, match="impl"):
+        get_codec("inceptionn", impl="gpu")
+    with pytest.raises(ValueError, match="unknown codec"):
+        get_codec("zip")
+    assert "inceptionn" in available_codecs()
+
+
+def test_strided_input_is_accepted():
+    c = get_codec("inceptionn", error_bound=-10)
+    x = np.arange(20, dtype=np.float32) / 20
+    assert c.encode(x[::2]) == c.encode(np.ascontiguousarray(x[::2]))
