@@ -50,3 +50,8 @@ fuzz: build/fuzz_inceptionn
 
 clean:
 	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so
+
+# C perf harness (synthetic data, no Python): ./build/bench_codec [n] [log10 scale] [k]
+build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	$(CC) -O3 -std=gnu11 -Icodecs_c $< $(CODEC_SRC) -lm -o $@

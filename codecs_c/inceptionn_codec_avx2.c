@@ -16,6 +16,9 @@
 #include <string.h>
 
 #define AVX2 __attribute__((target("avx2")))
+#ifndef ENCODE_PREFETCH_BYTES
+#define ENCODE_PREFETCH_BYTES 2048
+#endif
 
 static uint8_t enc_shuffle[256][16];
 static uint8_t dec_shuffle[256][16];
@@ -58,6 +61,9 @@ size_t AVX2 inc__encode_avx2(const float *in, size_t full_groups, uint32_t eb, u
     size_t pos = *pos_io, g = 0;
 
     for (; g < full_groups && cap - pos >= INC_MAX_GROUP_BYTES; g++) {
+        /* Every store address hangs on the running offset, which caps how far out-of-order
+         * execution runs ahead; fetch the input early so that chain never waits on DRAM. */
+        _mm_prefetch((const char *)(in + g * INC_LANES) + ENCODE_PREFETCH_BYTES, _MM_HINT_T0);
         __m256i bits = _mm256_loadu_si256((const __m256i *)(in + g * INC_LANES));
         __m256i e = _mm256_and_si256(_mm256_srli_epi32(bits, 23), exp_mask);
         __m256i ge_eb = _mm256_cmpgt_epi32(e, below_eb);

@@ -14,6 +14,7 @@ from .errors import UserError
 
 # Modules whose register(subparsers) adds top-level subcommands, in --help order.
 COMMAND_MODULES = [
+    "inceptionn.demo",           # demo
     "inceptionn.bench.cli",      # bench codec, ...
     "inceptionn.kernel_tc.cli",  # link, testbed
 ]
