@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CODEC_SRC := codecs_c/inceptionn_codec.c codecs_c/inceptionn_codec_avx2.c
 CODEC_HDR := codecs_c/inceptionn_codec.h codecs_c/inceptionn_codec_internal.h
+DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h)
 CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
@@ -14,7 +15,7 @@ all: $(VENV)/.installed
 
 # The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
 # package metadata changes.
-$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(CODEC_SRC) $(CODEC_HDR)
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"

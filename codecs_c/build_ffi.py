@@ -21,6 +21,7 @@ ptrdiff_t inc_encode(const float *in, size_t n, int k, uint8_t *out, size_t cap,
 int inc_decode(const uint8_t *in, size_t len, float *out, size_t n, size_t *err_at, int impl);
 size_t inc_encoded_size(const float *in, size_t n, int k);
 void inc_histogram(const float *in, size_t n, int k, uint64_t counts[4]);
+int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t counts[4]);
 const char *inc_strerror(int status);
 """
 

@@ -259,3 +259,34 @@ void inc_histogram(const float *in, size_t n, int k, uint64_t counts[4])
     for (int t = 0; t < 4; t++)
         counts[t] += c[t];
 }
+
+int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t counts[4])
+{
+    size_t groups = n / INC_LANES + (n % INC_LANES != 0), pos = 0;
+    uint64_t c[4] = {0, 0, 0, 0};
+    if (len > 0 && in == NULL)
+        return INC_E_ARG;
+    for (size_t g = 0; g < groups; g++) {
+        if (len - pos < 2)
+            return INC_E_TRUNCATED;
+        unsigned key = (unsigned)in[pos] | ((unsigned)in[pos + 1] << 8);
+        size_t lanes = n - g * INC_LANES < INC_LANES ? n - g * INC_LANES : INC_LANES;
+        size_t need = 2;
+        for (unsigned j = 0; j < INC_LANES; j++) {
+            unsigned t = (key >> (2 * j)) & 3;
+            if (j >= lanes && t != INC_0BIT)
+                return INC_E_PADDING;
+            need += lane_bytes[t];
+            if (j < lanes)
+                c[t]++;
+        }
+        if (len - pos < need)
+            return INC_E_TRUNCATED;
+        pos += need;
+    }
+    if (pos != len)
+        return INC_E_TRAILING;
+    for (int t = 0; t < 4; t++)
+        counts[t] += c[t];
+    return INC_OK;
+}

@@ -1,0 +1,280 @@
+/* Soft-NIC packet transforms. See nicd_packet.h and docs/wire-format.md. */
+#include "nicd_packet.h"
+
+#include <string.h>
+
+#include "inceptionn_codec.h"
+
+/* ---- checksums ---------------------------------------------------------------------------- */
+
+/* Ones-complement sum in the host's little-endian byte order: summing byte-swapped 16-bit words
+ * gives the byte-swapped sum, so storing the folded result with memcpy writes network order. */
+static uint64_t sum_le(const uint8_t *b, size_t len, uint64_t acc)
+{
+    while (len >= 4) {
+        uint32_t w;
+        memcpy(&w, b, 4);
+        acc += w;
+        b += 4;
+        len -= 4;
+    }
+    if (len >= 2) {
+        uint16_t w;
+        memcpy(&w, b, 2);
+        acc += w;
+        b += 2;
+        len -= 2;
+    }
+    if (len)
+        acc += b[0]; /* odd byte: the high byte of a zero-padded network word */
+    return acc;
+}
+
+static uint16_t fold(uint64_t acc)
+{
+    while (acc >> 16)
+        acc = (acc & 0xFFFF) + (acc >> 16);
+    return (uint16_t)acc;
+}
+
+static uint64_t pseudo_header(const uint8_t *ip, size_t tcp_len)
+{
+    uint8_t ph[12];
+    memcpy(ph, ip + 12, 8); /* saddr, daddr */
+    ph[8] = 0;
+    ph[9] = 6;
+    ph[10] = (uint8_t)(tcp_len >> 8);
+    ph[11] = (uint8_t)tcp_len;
+    return sum_le(ph, sizeof ph, 0);
+}
+
+/* Checksum of the TCP segment of a well-formed IPv4 packet of length len (field included). */
+uint16_t nicd_tcp_checksum(const uint8_t *ip, size_t len)
+{
+    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    return (uint16_t)~fold(sum_le(ip + ihl, len - ihl, pseudo_header(ip, len - ihl)));
+}
+
+static void fix_ip_checksum(uint8_t *ip)
+{
+    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    ip[10] = ip[11] = 0;
+    uint16_t c = (uint16_t)~fold(sum_le(ip, ihl, 0));
+    memcpy(ip + 10, &c, 2);
+}
+
+static void fix_tcp_checksum(uint8_t *ip, size_t len)
+{
+    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    ip[ihl + 16] = ip[ihl + 17] = 0;
+    uint16_t c = nicd_tcp_checksum(ip, len);
+    memcpy(ip + ihl + 16, &c, 2);
+}
+
+void nicd_set_tos(uint8_t *ip, uint8_t tos)
+{
+    ip[1] = tos;
+    fix_ip_checksum(ip);
+}
+
+/* CRC32C (Castagnoli): SSE4.2 instruction where present, a table otherwise. */
+static uint32_t crc_table[256];
+
+__attribute__((constructor)) static void build_crc_table(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1)));
+        crc_table[i] = c;
+    }
+}
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const uint8_t *b, size_t len)
+{
+    uint64_t c = crc;
+    while (len >= 8) {
+        uint64_t w;
+        memcpy(&w, b, 8);
+        c = _mm_crc32_u64(c, w);
+        b += 8;
+        len -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (len--)
+        c32 = _mm_crc32_u8(c32, *b++);
+    return c32;
+}
+#endif
+
+uint32_t nicd_crc32c(uint32_t crc, const uint8_t *b, size_t len)
+{
+    crc = ~crc;
+#if defined(__x86_64__)
+    static int hw = -1;
+    if (hw < 0)
+        hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    if (hw)
+        return ~crc32c_hw(crc, b, len);
+#endif
+    while (len--)
+        crc = (crc >> 8) ^ crc_table[(crc ^ *b++) & 0xFF];
+    return ~crc;
+}
+
+/* CRC of a compressed payload with its CRC field (bytes 6..9) taken as zero. */
+static uint32_t payload_crc(const uint8_t *c, size_t len)
+{
+    static const uint8_t zero[4] = {0, 0, 0, 0};
+    uint32_t crc = nicd_crc32c(0, c, 6);
+    crc = nicd_crc32c(crc, zero, 4);
+    return nicd_crc32c(crc, c + NICD_HDR_LEN, len - NICD_HDR_LEN);
+}
+
+/* ---- parsing ------------------------------------------------------------------------------ */
+
+int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
+{
+    if (caplen < 20 || (b[0] >> 4) != 4)
+        return NICD_E_IP;
+    size_t ihl = (size_t)(b[0] & 15) * 4;
+    size_t tot = ((size_t)b[2] << 8) | b[3];
+    if (ihl < 20 || tot < ihl || tot > caplen)
+        return NICD_E_IP;
+    if (b[9] != 6 || ((((unsigned)b[6] << 8) | b[7]) & 0x3FFF) != 0) /* TCP, not a fragment */
+        return NICD_E_NOT_TCP;
+    if (tot - ihl < 20)
+        return NICD_E_TCP;
+    const uint8_t *t = b + ihl;
+    size_t thl = (size_t)(t[12] >> 4) * 4;
+    if (thl < 20 || thl > tot - ihl)
+        return NICD_E_TCP;
+    p->ip = b;
+    p->len = tot;
+    p->ihl = ihl;
+    p->thl = thl;
+    p->payload_off = ihl + thl;
+    p->payload_len = tot - ihl - thl;
+    memcpy(&p->saddr, b + 12, 4);
+    memcpy(&p->daddr, b + 16, 4);
+    p->sport = (uint16_t)((t[0] << 8) | t[1]);
+    p->dport = (uint16_t)((t[2] << 8) | t[3]);
+    p->seq = ((uint32_t)t[4] << 24) | ((uint32_t)t[5] << 16) | ((uint32_t)t[6] << 8) | t[7];
+    p->tcp_flags = t[13];
+    p->tos = b[1];
+    return NICD_OK;
+}
+
+/* ---- compress / restore ------------------------------------------------------------------- */
+
+static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
+{
+    out[2] = (uint8_t)(len >> 8);
+    out[3] = (uint8_t)len;
+    out[1] = tos;
+    fix_ip_checksum(out);
+    fix_tcp_checksum(out, len);
+}
+
+ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
+                        uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers)
+{
+    size_t plen = p->payload_len;
+    size_t head = (4 - (stream_off & 3)) & 3;
+    if (head > plen)
+        head = plen;
+    size_t n = (plen - head) / 4;
+    size_t tail = plen - head - 4 * n;
+    if (n == 0)
+        return NICD_TOO_SHORT;
+    size_t fixed = NICD_HDR_LEN + head + tail;
+    /* Never bigger: the stream must fit in what is left of the original payload minus one byte.
+     * inc_encode fails with INC_E_SPACE as soon as it cannot, so this costs no extra pass. */
+    if (plen <= fixed + 2 || cap < p->len)
+        return NICD_NOT_SMALLER;
+    size_t budget = plen - 1 - fixed;
+
+    const uint8_t *src = p->ip + p->payload_off;
+    uint8_t *c = out + p->payload_off;
+    memcpy(scratch, src + head, 4 * n); /* aligned copy: the payload has no float alignment */
+    ptrdiff_t slen = inc_encode(scratch, n, error_bound, c + NICD_HDR_LEN + head, budget,
+                                INC_IMPL_AUTO);
+    if (slen == INC_E_SPACE)
+        return NICD_NOT_SMALLER;
+    if (slen < 0)
+        return NICD_E_SPACE;
+    if (tiers)
+        inc_stream_histogram(c + NICD_HDR_LEN + head, (size_t)slen, n, tiers);
+
+    memcpy(out, p->ip, p->payload_off);
+    c[0] = NICD_MAGIC;
+    c[1] = (NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN;
+    c[2] = (uint8_t)(head | (tail << 2));
+    c[3] = 0;
+    c[4] = (uint8_t)n;
+    c[5] = (uint8_t)(n >> 8);
+    memcpy(c + NICD_HDR_LEN, src, head);
+    memcpy(c + NICD_HDR_LEN + head + slen, src + head + 4 * n, tail);
+    size_t clen = fixed + (size_t)slen;
+    uint32_t crc = payload_crc(c, clen);
+    for (int i = 0; i < 4; i++)
+        c[6 + i] = (uint8_t)(crc >> (8 * i));
+    size_t len = p->payload_off + clen;
+    finish_packet(out, len, tos);
+    return (ptrdiff_t)len;
+}
+
+ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size_t cap,
+                       float *scratch)
+{
+    /* Check the whole packet first: after restoring we write a fresh checksum, which would
+     * otherwise launder a header corrupted in transit. */
+    if (fold(sum_le(p->ip + p->ihl, p->len - p->ihl, pseudo_header(p->ip, p->len - p->ihl))) != 0xFFFF)
+        return NICD_E_CHECKSUM;
+    const uint8_t *c = p->ip + p->payload_off;
+    size_t clen = p->payload_len;
+    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC ||
+        c[1] != ((NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN) || (c[2] & 0xF0) != 0 || c[3] != 0)
+        return NICD_E_HEADER;
+    size_t head = c[2] & 3, tail = (c[2] >> 2) & 3;
+    size_t n = (size_t)c[4] | ((size_t)c[5] << 8);
+    if (NICD_HDR_LEN + head + tail > clen)
+        return NICD_E_HEADER;
+    uint32_t crc = (uint32_t)c[6] | ((uint32_t)c[7] << 8) | ((uint32_t)c[8] << 16) | ((uint32_t)c[9] << 24);
+    if (payload_crc(c, clen) != crc)
+        return NICD_E_CRC;
+    size_t len = p->payload_off + head + 4 * n + tail;
+    if (len > NICD_MAX_PACKET || len > cap)
+        return NICD_E_SPACE;
+    const uint8_t *stream = c + NICD_HDR_LEN + head;
+    size_t slen = clen - NICD_HDR_LEN - head - tail;
+    if (inc_decode(stream, slen, scratch, n, NULL, INC_IMPL_AUTO) != INC_OK)
+        return NICD_E_DECODE;
+    memcpy(out, p->ip, p->payload_off);
+    uint8_t *d = out + p->payload_off;
+    memcpy(d, c + NICD_HDR_LEN, head);
+    memcpy(d + head, scratch, 4 * n);
+    memcpy(d + head + 4 * n, stream + slen, tail);
+    finish_packet(out, len, tos);
+    return (ptrdiff_t)len;
+}
+
+const char *nicd_strerror(int r)
+{
+    switch (r) {
+    case NICD_OK: return "ok";
+    case NICD_NOT_SMALLER: return "compressed form not smaller";
+    case NICD_TOO_SHORT: return "payload holds no whole float";
+    case NICD_E_IP: return "malformed IPv4 header";
+    case NICD_E_NOT_TCP: return "not TCP or a fragment";
+    case NICD_E_TCP: return "malformed TCP header";
+    case NICD_E_CHECKSUM: return "bad TCP checksum";
+    case NICD_E_HEADER: return "bad compression header";
+    case NICD_E_CRC: return "CRC32C mismatch";
+    case NICD_E_DECODE: return "malformed group stream";
+    case NICD_E_SPACE: return "restored packet too large";
+    default: return "unknown";
+    }
+}

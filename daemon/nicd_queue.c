@@ -1,0 +1,271 @@
+/* NFQUEUE loop of the soft NIC. The rules that feed it are installed by daemon/rules.py. */
+#define _GNU_SOURCE
+#include "nicd_queue.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/netfilter.h>
+#include <libnetfilter_queue/libnetfilter_queue.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "nicd_flows.h"
+#include "nicd_packet.h"
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+#ifndef SOL_NETLINK
+#define SOL_NETLINK 270
+#endif
+#ifndef NETLINK_NO_ENOBUFS
+#define NETLINK_NO_ENOBUFS 5
+#endif
+
+struct ctx {
+    struct nicd_config *cfg;
+    struct nicd_stats *st;
+    uint8_t out[NICD_MAX_PACKET + 64];
+    float scratch[16384 + 16];
+};
+
+#define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
+
+static int dscp_is(uint8_t tos, uint8_t mark)
+{
+    return (tos & 0xFC) == (mark & 0xFC);
+}
+
+static int verdict(struct nfq_q_handle *qh, uint32_t id, uint32_t v, const uint8_t *buf,
+                   size_t len, struct ctx *cx)
+{
+    if (nfq_set_verdict(qh, id, v, (uint32_t)len, buf) < 0)
+        COUNT(cx, VERDICT_ERRORS, 1);
+    return 0;
+}
+
+static void key_of(const struct nicd_pkt *p, struct nicd_flow_key *k, int reverse)
+{
+    if (!reverse) {
+        k->saddr = p->saddr, k->daddr = p->daddr, k->sport = p->sport, k->dport = p->dport;
+    } else {
+        k->saddr = p->daddr, k->daddr = p->saddr, k->sport = p->dport, k->dport = p->sport;
+    }
+}
+
+/* Egress: handshake marking, then compression of tagged data on negotiated flows. */
+static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+{
+    (void)msg;
+    struct ctx *cx = data;
+    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
+    uint32_t id = ph ? ntohl(ph->packet_id) : 0;
+    unsigned char *buf;
+    int len = nfq_get_payload(nfa, &buf);
+    struct nicd_pkt p;
+    if (len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK)
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
+    COUNT(cx, EGRESS_PACKETS, 1);
+    struct nicd_flow_key k;
+    key_of(&p, &k, 0);
+    uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
+
+    if (syn == TCP_SYN && dscp_is(p.tos, cx->cfg->tos_tagged)) {
+        /* A tagged connection opens: remember its ISN and say we run the soft NIC. */
+        if (nicd_flows_put(&k, NICD_FLOW_HELLO_SENT, p.seq) < 0) {
+            COUNT(cx, FLOW_TABLE_FULL, 1);
+            return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        }
+        memcpy(cx->out, buf, p.len);
+        nicd_set_tos(cx->out, (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
+        COUNT(cx, HELLO_SENT, 1);
+        return verdict(qh, id, NF_ACCEPT, cx->out, p.len, cx);
+    }
+    if (syn == (TCP_SYN | TCP_ACK)) {
+        /* Answer a peer's hello: from here both ends of this flow run the soft NIC. */
+        if (nicd_flows_advance(&k, NICD_FLOW_PEER_HELLO, NICD_FLOW_NEGOTIATED, p.seq, 1)) {
+            memcpy(cx->out, buf, p.len);
+            nicd_set_tos(cx->out, (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
+            COUNT(cx, HELLO_SENT, 1);
+            COUNT(cx, FLOWS_NEGOTIATED, 1);
+            return verdict(qh, id, NF_ACCEPT, cx->out, p.len, cx);
+        }
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    if (!dscp_is(p.tos, cx->cfg->tos_tagged) || p.payload_len == 0)
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+
+    uint32_t isn;
+    if (nicd_flows_get(&k, &isn) != NICD_FLOW_NEGOTIATED) {
+        COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
+        COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    uint64_t tiers[4] = {0, 0, 0, 0};
+    ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
+                                (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->out,
+                                sizeof cx->out, cx->scratch, tiers);
+    if (r <= 0 || r == NICD_NOT_SMALLER || r == NICD_TOO_SHORT) {
+        if (r == NICD_NOT_SMALLER)
+            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
+        else
+            COUNT(cx, EGRESS_RAW_SHORT, 1);
+        COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    COUNT(cx, EGRESS_COMPRESSED, 1);
+    COUNT(cx, EGRESS_ORIG_BYTES, p.payload_len);
+    COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - p.payload_off);
+    COUNT(cx, TIER0, tiers[0]);
+    COUNT(cx, TIER8, tiers[1]);
+    COUNT(cx, TIER16, tiers[2]);
+    COUNT(cx, TIER32, tiers[3]);
+    return verdict(qh, id, NF_ACCEPT, cx->out, (size_t)r, cx);
+}
+
+/* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
+ * packet that cannot be restored is dropped, and TCP retransmits it. */
+static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+{
+    (void)msg;
+    struct ctx *cx = data;
+    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
+    uint32_t id = ph ? ntohl(ph->packet_id) : 0;
+    unsigned char *buf;
+    int len = nfq_get_payload(nfa, &buf);
+    struct nicd_pkt p;
+    int pr = len < 0 ? NICD_E_IP : nicd_parse(buf, (size_t)len, &p);
+    COUNT(cx, INGRESS_PACKETS, 1);
+    if (pr != NICD_OK) {
+        /* Only compressed packets and hellos are queued here: anything unparseable is hostile. */
+        COUNT(cx, DROP_MALFORMED, 1);
+        return verdict(qh, id, NF_DROP, NULL, 0, cx);
+    }
+    struct nicd_flow_key k;
+    key_of(&p, &k, 1); /* our egress direction of this flow */
+    uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
+
+    if (dscp_is(p.tos, cx->cfg->tos_hello) && syn) {
+        if (syn == TCP_SYN) {
+            if (nicd_flows_put(&k, NICD_FLOW_PEER_HELLO, 0) < 0)
+                COUNT(cx, FLOW_TABLE_FULL, 1);
+            else
+                COUNT(cx, HELLO_RECEIVED, 1);
+        } else if (nicd_flows_advance(&k, NICD_FLOW_HELLO_SENT, NICD_FLOW_NEGOTIATED, 0, 0)) {
+            COUNT(cx, HELLO_RECEIVED, 1);
+            COUNT(cx, FLOWS_NEGOTIATED, 1);
+        }
+        /* Hand the stack the application's own mark back. */
+        memcpy(cx->out, buf, p.len);
+        nicd_set_tos(cx->out, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged));
+        return verdict(qh, id, NF_ACCEPT, cx->out, p.len, cx);
+    }
+    if (!dscp_is(p.tos, cx->cfg->tos_compressed)) /* the rules queue nothing else */
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+
+    ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged), cx->out,
+                               sizeof cx->out, cx->scratch);
+    if (r < 0) {
+        switch (r) {
+        case NICD_E_CHECKSUM: COUNT(cx, DROP_CHECKSUM, 1); break;
+        case NICD_E_HEADER: COUNT(cx, DROP_HEADER, 1); break;
+        case NICD_E_CRC: COUNT(cx, DROP_CRC, 1); break;
+        case NICD_E_DECODE: COUNT(cx, DROP_DECODE, 1); break;
+        case NICD_E_SPACE: COUNT(cx, DROP_TOO_BIG, 1); break;
+        default: COUNT(cx, DROP_MALFORMED, 1); break;
+        }
+        return verdict(qh, id, NF_DROP, NULL, 0, cx);
+    }
+    COUNT(cx, INGRESS_RESTORED, 1);
+    COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len);
+    COUNT(cx, INGRESS_ORIG_BYTES, (size_t)r - p.payload_off);
+    return verdict(qh, id, NF_ACCEPT, cx->out, (size_t)r, cx);
+}
+
+static int fail(char *err, size_t errlen, const char *what, int e)
+{
+    snprintf(err, errlen, "%s: %s", what, e ? strerror(e) : "failed");
+    return -1;
+}
+
+int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t errlen)
+{
+    struct ctx *cx = calloc(1, sizeof *cx);
+    char *rbuf = malloc(256 * 1024);
+    struct nfq_handle *h = NULL;
+    struct nfq_q_handle *qe = NULL, *qi = NULL;
+    int rc = -1;
+    if (!cx || !rbuf) {
+        fail(err, errlen, "out of memory", ENOMEM);
+        goto out;
+    }
+    cx->cfg = cfg;
+    cx->st = st;
+    if (!(h = nfq_open())) {
+        fail(err, errlen, "cannot open a netfilter queue handle (needs CAP_NET_ADMIN)", errno);
+        goto out;
+    }
+    if (nfq_bind_pf(h, AF_INET) < 0) {
+        fail(err, errlen, "nfq_bind_pf", errno);
+        goto out;
+    }
+    if (!(qe = nfq_create_queue(h, cfg->egress_queue, on_egress, cx))) {
+        snprintf(err, errlen, "cannot bind NFQUEUE %u (egress): is another nicd running?", cfg->egress_queue);
+        goto out;
+    }
+    if (!(qi = nfq_create_queue(h, cfg->ingress_queue, on_ingress, cx))) {
+        snprintf(err, errlen, "cannot bind NFQUEUE %u (ingress): is another nicd running?", cfg->ingress_queue);
+        goto out;
+    }
+    if (nfq_set_mode(qe, NFQNL_COPY_PACKET, 0xFFFF) < 0 || nfq_set_mode(qi, NFQNL_COPY_PACKET, 0xFFFF) < 0) {
+        fail(err, errlen, "nfq_set_mode", errno);
+        goto out;
+    }
+    nfq_set_queue_maxlen(qe, cfg->queue_maxlen);
+    nfq_set_queue_maxlen(qi, cfg->queue_maxlen);
+    /* Egress may fail open (a full queue lets the packet leave raw); ingress never does. */
+    nfq_set_queue_flags(qe, NFQA_CFG_F_FAIL_OPEN, NFQA_CFG_F_FAIL_OPEN);
+    int fd = nfq_fd(h);
+    int bufsize = 8 << 20, one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize);
+    setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
+
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    while (!cfg->stop) {
+        int pr = poll(&pfd, 1, 100);
+        if (pr < 0 && errno != EINTR) {
+            fail(err, errlen, "poll", errno);
+            goto out;
+        }
+        if (pr <= 0)
+            continue;
+        /* Drain what is there before polling again: one poll, many packets. */
+        for (;;) {
+            ssize_t n = recv(fd, rbuf, 256 * 1024, MSG_DONTWAIT);
+            if (n < 0) {
+                if (errno == ENOBUFS) {
+                    COUNT(cx, RECV_ENOBUFS, 1);
+                    continue;
+                }
+                break; /* EAGAIN: drained */
+            }
+            nfq_handle_packet(h, rbuf, (int)n);
+        }
+    }
+    rc = 0;
+out:
+    if (qe)
+        nfq_destroy_queue(qe);
+    if (qi)
+        nfq_destroy_queue(qi);
+    if (h)
+        nfq_close(h);
+    free(rbuf);
+    free(cx);
+    return rc;
+}

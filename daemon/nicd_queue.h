@@ -1,0 +1,59 @@
+/*
+ * The soft NIC's NFQUEUE loop: one call runs one egress queue (compress + handshake) and one
+ * ingress queue (restore + handshake) on one netlink socket until cfg->stop is set. Python runs
+ * one such call per thread; each thread has its own counters, which Python sums.
+ */
+#ifndef NICD_QUEUE_H
+#define NICD_QUEUE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Counters, in this order; daemon/datapath.py names them. */
+enum nicd_counter {
+    NICD_C_EGRESS_PACKETS,    /* tagged or handshake packets seen on egress */
+    NICD_C_EGRESS_COMPRESSED, /* sent compressed */
+    NICD_C_EGRESS_ORIG_BYTES, /* payload bytes of the packets sent compressed, before */
+    NICD_C_EGRESS_WIRE_BYTES, /* ... and after compression (shim header included) */
+    NICD_C_EGRESS_RAW_NOT_NEGOTIATED, /* tagged data of a flow without both soft NICs: raw */
+    NICD_C_EGRESS_RAW_NOT_SMALLER,    /* compressed form not smaller: raw */
+    NICD_C_EGRESS_RAW_SHORT,          /* no whole float in the payload (or none at all): raw */
+    NICD_C_EGRESS_RAW_BYTES,          /* payload bytes of tagged packets sent raw */
+    NICD_C_HELLO_SENT,        /* our SYN / SYN-ACK marked "soft NIC here" */
+    NICD_C_HELLO_RECEIVED,    /* the peer's SYN / SYN-ACK said so */
+    NICD_C_FLOWS_NEGOTIATED,
+    NICD_C_FLOW_TABLE_FULL,
+    NICD_C_INGRESS_PACKETS,
+    NICD_C_INGRESS_RESTORED,
+    NICD_C_INGRESS_WIRE_BYTES,
+    NICD_C_INGRESS_ORIG_BYTES,
+    NICD_C_DROP_MALFORMED,    /* not parseable as IPv4/TCP although marked compressed */
+    NICD_C_DROP_CHECKSUM,
+    NICD_C_DROP_HEADER,
+    NICD_C_DROP_CRC,
+    NICD_C_DROP_DECODE,
+    NICD_C_DROP_TOO_BIG,
+    NICD_C_VERDICT_ERRORS,
+    NICD_C_RECV_ENOBUFS,      /* the kernel dropped queue messages we could not read in time */
+    NICD_C_TIER0, NICD_C_TIER8, NICD_C_TIER16, NICD_C_TIER32,
+    NICD_NCOUNTERS
+};
+
+struct nicd_config {
+    uint16_t egress_queue, ingress_queue;
+    uint8_t tos_tagged;     /* the application's mark, 0x28 */
+    uint8_t tos_compressed; /* on the wire: compressed payload */
+    uint8_t tos_hello;      /* on handshake packets: "soft NIC here" */
+    int error_bound;        /* read per packet: Python may change it on reload */
+    uint32_t queue_maxlen;
+    volatile int stop;      /* set to 1 to make nicd_run return */
+};
+
+struct nicd_stats {
+    volatile uint64_t c[NICD_NCOUNTERS];
+};
+
+/* Runs until cfg->stop. Returns 0, or -1 with a message in err. */
+int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t errlen);
+
+#endif
