@@ -54,6 +54,7 @@ struct nicd_config {
     int error_bound;
     uint32_t queue_maxlen;
     volatile int stop;
+    volatile int ready;
 };
 struct nicd_stats { volatile uint64_t c[%d]; };
 int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t errlen);

@@ -235,6 +235,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize);
     setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
 
+    cfg->ready = 1;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     while (!cfg->stop) {
         int pr = poll(&pfd, 1, 100);

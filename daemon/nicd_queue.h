@@ -47,6 +47,7 @@ struct nicd_config {
     int error_bound;        /* read per packet: Python may change it on reload */
     uint32_t queue_maxlen;
     volatile int stop;      /* set to 1 to make nicd_run return */
+    volatile int ready;     /* set by nicd_run once both queues are bound */
 };
 
 struct nicd_stats {

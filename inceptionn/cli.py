@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "inceptionn.demo",           # demo
     "inceptionn.bench.cli",      # bench codec, ...
     "inceptionn.kernel_tc.cli",  # link, testbed
+    "inceptionn.daemon.cli",     # nicd, stats
 ]
 
 

@@ -1,0 +1,120 @@
+"""nicd configuration: /etc/inceptionn/nicd.toml, then command-line flags on top.
+
+A bad file is refused at start with the line that is wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+
+DEFAULT_PATH = Path("/etc/inceptionn/nicd.toml")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+CODECS = ("inceptionn",)  # codecs that are stateless per packet (see docs/soft-nic.md)
+
+
+@dataclass
+class NicdConfig:
+    interfaces: list[str] = field(default_factory=list)
+    tos: int = 0x28             # the application's mark (DSCP 10), set by the shim
+    tos_compressed: int = 0x2C  # DSCP 11 on the wire: payload compressed
+    tos_hello: int = 0x30       # DSCP 12 on SYN / SYN-ACK: "soft NIC here"
+    codec: str = "inceptionn"
+    error_bound: int = -10
+    queues: int = 1             # queue pairs, one thread each
+    queue_base: int = 7100      # egress queues base.., ingress queues base+queues..
+    queue_maxlen: int = 4096
+    flow_timeout: int = 300     # seconds a flow may idle before its state is dropped
+    flow_capacity: int = 65536
+    log_level: str = "info"
+    socket: str = "/run/inceptionn/nicd.sock"
+
+    @property
+    def egress_queues(self) -> range:
+        return range(self.queue_base, self.queue_base + self.queues)
+
+    @property
+    def ingress_queues(self) -> range:
+        return range(self.queue_base + self.queues, self.queue_base + 2 * self.queues)
+
+    def validate(self, where=lambda key: "") -> "NicdConfig":
+        """Check every value; ``where(key)`` names the source (file line or flag) in errors."""
+        def bad(key, msg):
+            raise UserError(f"{where(key)}{key}: {msg}")
+
+        if not self.interfaces:
+            bad("interfaces", "name at least one interface, e.g. interfaces = [\"eth0\"]")
+        for name in self.interfaces:
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name):
+                bad("interfaces", f"{name!r} is not an interface name")
+        marks = {}
+        for key in ("tos", "tos_compressed", "tos_hello"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or not 0 <= v <= 0xFF or v & 3:
+                bad(key, f"must be a ToS byte with the ECN bits clear (0x00-0xfc, multiple of 4), got {v!r}")
+            if v == 0:
+                bad(key, "0 is the default mark of all traffic; pick a DSCP of its own")
+            if v in marks:
+                bad(key, f"same mark as {marks[v]} ({v:#04x}); the three marks must differ")
+            marks[v] = key
+        if self.codec not in CODECS:
+            bad("codec", f"{self.codec!r} cannot run per packet in the NIC; choose one of {', '.join(CODECS)}")
+        if not isinstance(self.error_bound, int) or not -30 <= self.error_bound <= -1:
+            bad("error_bound", f"must be an integer exponent from -30 to -1 (bound 2^k), got {self.error_bound!r}")
+        if not isinstance(self.queues, int) or not 1 <= self.queues <= 64:
+            bad("queues", f"must be 1 to 64, got {self.queues!r}")
+        if not isinstance(self.queue_base, int) or not 0 <= self.queue_base <= 65535 - 2 * 64:
+            bad("queue_base", f"must be 0 to {65535 - 128}, got {self.queue_base!r}")
+        for key, lo, hi in (("queue_maxlen", 16, 1 << 20), ("flow_timeout", 1, 86400 * 7),
+                            ("flow_capacity", 64, 1 << 24)):
+            v = getattr(self, key)
+            if not isinstance(v, int) or not lo <= v <= hi:
+                bad(key, f"must be an integer from {lo} to {hi}, got {v!r}")
+        if self.log_level not in LOG_LEVELS:
+            bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if not isinstance(self.socket, str) or not self.socket.startswith("/"):
+            bad("socket", f"must be an absolute path, got {self.socket!r}")
+        return self
+
+
+FIELDS = {f.name for f in dataclasses.fields(NicdConfig)}
+
+
+def load(path: Path | None, overrides: dict) -> NicdConfig:
+    """Read ``path`` (if given, or the default file if it exists), apply ``overrides`` (flags
+    that were set), validate. Errors name the file and line, or the flag."""
+    values, lines, src = {}, {}, None
+    if path is None and DEFAULT_PATH.exists():
+        path = DEFAULT_PATH
+    if path is not None:
+        src = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise UserError(f"cannot read config {path}: {exc.strerror}") from None
+        try:
+            values = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{path}: {exc}") from None
+        for n, line in enumerate(text.splitlines(), 1):
+            m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=", line)
+            if m and m.group(1) not in lines:
+                lines[m.group(1)] = n
+        for key in values:
+            if key not in FIELDS:
+                raise UserError(f"{path}:{lines.get(key, '?')}: unknown setting {key!r}; "
+                                f"known: {', '.join(sorted(FIELDS))}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    flagged = {k for k, v in overrides.items() if v is not None}
+
+    def where(key):
+        if key in flagged:
+            return f"--{key.replace('_', '-')}: "
+        return f"{src}:{lines[key]}: " if src and key in lines else ""
+
+    cfg = NicdConfig(**values)
+    return cfg.validate(where)

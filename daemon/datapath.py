@@ -1,0 +1,80 @@
+"""Runs the C data path: one thread per queue pair, each inside nicd_run (the GIL is released
+while it runs), each with its own counters that snapshot() sums."""
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import UserError
+from . import build_ffi
+from ._datapath import ffi, lib
+from .config import NicdConfig
+
+COUNTERS = [name[len("NICD_C_"):].lower() for name in build_ffi.counter_names()]
+
+
+class Datapath:
+    def __init__(self, cfg: NicdConfig):
+        self.cfg = cfg
+        if lib.nicd_flows_init(cfg.flow_capacity, cfg.flow_timeout) != 0:
+            raise UserError("cannot allocate the flow table")
+        self._workers = []
+        for egress, ingress in zip(cfg.egress_queues, cfg.ingress_queues):
+            c = ffi.new("struct nicd_config *")
+            c.egress_queue, c.ingress_queue = egress, ingress
+            c.tos_tagged, c.tos_compressed, c.tos_hello = cfg.tos, cfg.tos_compressed, cfg.tos_hello
+            c.error_bound = cfg.error_bound
+            c.queue_maxlen = cfg.queue_maxlen
+            st = ffi.new("struct nicd_stats *")
+            err = ffi.new("char[256]")
+            self._workers.append({"cfg": c, "stats": st, "err": err, "rc": None, "thread": None})
+        self.started = time.monotonic()
+
+    def start(self, timeout: float = 5.0) -> None:
+        """Start every queue thread and wait until each has bound its queues."""
+        for w in self._workers:
+            def run(w=w):
+                w["rc"] = lib.nicd_run(w["cfg"], w["stats"], w["err"], 256)
+            w["thread"] = threading.Thread(target=run, name=f"nicd-q{w['cfg'].egress_queue}", daemon=True)
+            w["thread"].start()
+        deadline = time.monotonic() + timeout
+        for w in self._workers:
+            while not w["cfg"].ready:
+                if w["rc"] is not None and w["rc"] != 0:
+                    self.stop()
+                    raise UserError(ffi.string(w["err"]).decode())
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise UserError("the queue threads did not start in time")
+                time.sleep(0.01)
+
+    def failed(self) -> str | None:
+        """The first queue thread's error if one died, else None."""
+        for w in self._workers:
+            if w["thread"] is not None and not w["thread"].is_alive() and w["rc"] != 0:
+                return ffi.string(w["err"]).decode() or "queue thread stopped"
+        return None
+
+    def set_error_bound(self, k: int) -> None:
+        for w in self._workers:
+            w["cfg"].error_bound = k  # read per packet by the C loop
+
+    def stop(self) -> None:
+        for w in self._workers:
+            w["cfg"].stop = 1
+        for w in self._workers:
+            if w["thread"] is not None:
+                w["thread"].join(timeout=5)
+        lib.nicd_flows_free()
+
+    def expire_flows(self) -> tuple[int, int]:
+        active = ffi.new("uint32_t *")
+        expired = lib.nicd_flows_expire(active)
+        return int(expired), int(active[0])
+
+    def snapshot(self) -> dict:
+        totals = dict.fromkeys(COUNTERS, 0)
+        for w in self._workers:
+            for i, name in enumerate(COUNTERS):
+                totals[name] += int(w["stats"].c[i])
+        return totals

@@ -1,0 +1,118 @@
+"""``inceptionn nicd``: the soft NIC daemon (control plane; the data path is C)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from . import config, rules
+from .datapath import Datapath
+from .stats import StatsServer
+
+log = logging.getLogger("inceptionn.nicd")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, format="nicd %(levelname)s: %(message)s")
+    logging.getLogger("inceptionn").setLevel(level.upper())
+
+
+def overrides_from(args) -> dict:
+    return {"interfaces": args.interface or None, "tos": args.tos, "error_bound": args.error_bound,
+            "queues": args.queues, "queue_base": args.queue_base, "log_level": args.log_level,
+            "socket": args.socket, "codec": args.codec}
+
+
+def cleanup(args) -> int:
+    """Remove every nicd rule and a stale socket: systemd's ExecStopPost, also after a crash."""
+    n = rules.remove_all()
+    sock = args.socket or config.NicdConfig().socket
+    try:
+        Path(sock).unlink()
+    except FileNotFoundError:
+        pass
+    print(f"nicd cleanup: removed {n} rule(s)", file=sys.stderr)
+    return 0
+
+
+def run(args) -> int:
+    if args.cleanup:
+        return cleanup(args)
+    cfg = config.load(Path(args.config) if args.config else None, overrides_from(args))
+    setup_logging(cfg.log_level)
+    if os.geteuid() != 0:
+        raise UserError("nicd needs root or CAP_NET_ADMIN to bind netfilter queues and install rules")
+    for name in cfg.interfaces:
+        try:
+            socket.if_nametoindex(name)
+        except OSError:
+            raise UserError(f"interface {name!r} does not exist") from None
+
+    stop = threading.Event()
+    reload_requested = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
+
+    dp = Datapath(cfg)
+    dp.start()  # bind the queues before any rule can send packets to them
+    flows = {"expired": 0, "active": 0}
+    server = None
+    try:
+        rules.install(cfg)
+
+        def snapshot():
+            return {"pid": os.getpid(), "uptime_s": time.monotonic() - dp.started,
+                    "config": {"interfaces": cfg.interfaces, "codec": cfg.codec, "error_bound": cfg.error_bound,
+                               "tos": cfg.tos, "tos_compressed": cfg.tos_compressed, "tos_hello": cfg.tos_hello,
+                               "queues": cfg.queues, "queue_base": cfg.queue_base},
+                    "flows_active": flows["active"], "flows_expired": flows["expired"],
+                    "counters": dp.snapshot()}
+
+        server = StatsServer(cfg.socket, snapshot)
+        log.info("running: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",
+                 ", ".join(cfg.interfaces), cfg.codec, cfg.error_bound,
+                 _span(cfg.egress_queues), _span(cfg.ingress_queues), cfg.socket)
+        print("nicd: ready", file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            expired, flows["active"] = dp.expire_flows()
+            flows["expired"] += expired
+            if (err := dp.failed()) is not None:
+                log.error("data path stopped: %s", err)
+                return 1
+            if reload_requested.is_set():
+                reload_requested.clear()
+                _reload(args, cfg, dp)
+        log.info("stopping")
+        return 0
+    finally:
+        n = rules.remove_all()
+        log.info("removed %d rule(s)", n)
+        if server:
+            server.close()
+        dp.stop()
+
+
+def _reload(args, cfg, dp) -> None:
+    try:
+        new = config.load(Path(args.config) if args.config else None, overrides_from(args))
+    except UserError as exc:
+        log.error("reload refused, keeping the running config: %s", exc)
+        return
+    cfg.error_bound, cfg.log_level = new.error_bound, new.log_level
+    dp.set_error_bound(new.error_bound)
+    logging.getLogger("inceptionn").setLevel(new.log_level.upper())
+    changed = [k for k in ("interfaces", "tos", "tos_compressed", "tos_hello", "queues", "queue_base", "socket")
+               if getattr(new, k) != getattr(cfg, k)]
+    log.info("reloaded: error bound 2^%d, log level %s%s", new.error_bound, new.log_level,
+             f"; restart to apply {', '.join(changed)}" if changed else "")
+
+
+def _span(r: range) -> str:
+    return str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}"

@@ -1,0 +1,97 @@
+"""Live counters over a unix socket: the daemon serves one JSON document per connection,
+``inceptionn stats`` reads and prints it."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+from ..errors import UserError
+
+
+class StatsServer:
+    def __init__(self, path: str, snapshot):
+        self.path = Path(path)
+        self.snapshot = snapshot
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            self.path.unlink()  # stale socket of a crashed run; the queue bind already proved we are alone
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        os.chmod(self.path, 0o660)
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="nicd-stats", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.sendall(json.dumps(self.snapshot()).encode() + b"\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def read(path: str, timeout: float = 3.0) -> dict:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+    except FileNotFoundError:
+        raise UserError(f"no nicd is running (no socket at {path})") from None
+    except ConnectionRefusedError:
+        raise UserError(f"no nicd answers at {path} (stale socket?)") from None
+    except PermissionError:
+        raise UserError(f"not allowed to read {path} (run as root)") from None
+    finally:
+        s.close()
+    return json.loads(b"".join(chunks))
+
+
+def format_stats(s: dict) -> str:
+    c = s["counters"]
+    ratio = c["egress_orig_bytes"] / c["egress_wire_bytes"] if c["egress_wire_bytes"] else 0.0
+    tiers = [c["tier0"], c["tier8"], c["tier16"], c["tier32"]]
+    total = sum(tiers) or 1
+    drops = {k[len("drop_"):]: v for k, v in c.items() if k.startswith("drop_") and v}
+    lines = [
+        f"nicd pid {s['pid']}, up {s['uptime_s']:.0f} s, interfaces {', '.join(s['config']['interfaces'])}, "
+        f"codec {s['config']['codec']} 2^{s['config']['error_bound']}, {s['config']['queues']} queue pair(s)",
+        f"egress : {c['egress_packets']} packets, {c['egress_compressed']} compressed "
+        f"({c['egress_orig_bytes']} -> {c['egress_wire_bytes']} payload bytes, {ratio:.2f}x); raw: "
+        f"{c['egress_raw_not_negotiated']} not negotiated, {c['egress_raw_not_smaller']} not smaller, "
+        f"{c['egress_raw_short']} short ({c['egress_raw_bytes']} bytes)",
+        f"ingress: {c['ingress_packets']} packets, {c['ingress_restored']} restored "
+        f"({c['ingress_wire_bytes']} -> {c['ingress_orig_bytes']} payload bytes)",
+        "tiers  : " + ", ".join(f"{n} {100 * v / total:.1f}%" for n, v in zip(("0bit", "8bit", "16bit", "32bit"), tiers)),
+        f"flows  : {s['flows_active']} active, {c['flows_negotiated']} negotiated, {s['flows_expired']} expired; "
+        f"hellos {c['hello_sent']} sent / {c['hello_received']} received",
+        "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
+        + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),
+    ]
+    return "\n".join(lines)
