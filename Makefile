@@ -9,7 +9,7 @@ CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
 
-.PHONY: all demo test bench check-c fuzz clean
+.PHONY: all demo test bench check-c fuzz clean install-service
 
 all: $(VENV)/.installed
 
@@ -56,3 +56,10 @@ clean:
 build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	$(CC) -O3 -std=gnu11 -Icodecs_c $< $(CODEC_SRC) -lm -o $@
+
+# The soft NIC as a systemd service: unit, config (kept if present), and the command on PATH.
+install-service: $(VENV)/.installed
+	install -D -m 0644 systemd/inceptionn-nicd.service /etc/systemd/system/inceptionn-nicd.service
+	test -e /etc/inceptionn/nicd.toml || install -D -m 0644 systemd/nicd.toml.example /etc/inceptionn/nicd.toml
+	ln -sf $(CURDIR)/$(VENV)/bin/inceptionn /usr/local/bin/inceptionn
+	@echo "installed; edit /etc/inceptionn/nicd.toml, then: systemctl daemon-reload && systemctl enable --now inceptionn-nicd"

@@ -1,5 +1,5 @@
 """``inceptionn bench ...``: benchmarks that print figures, side by side in one run."""
-from . import codec
+from . import codec, nic
 
 
 def register(sub) -> None:
@@ -9,3 +9,6 @@ def register(sub) -> None:
     codec.add_arguments(benches.add_parser(
         "codec", help="INCEPTIONN codec speed and bitwidth distribution on real gradients",
         description=codec.__doc__))
+    nic.add_arguments(benches.add_parser(
+        "nic", help="soft NIC goodput over emulated links, with and without the daemons",
+        description=nic.__doc__))

@@ -53,6 +53,7 @@ struct nicd_config {
     uint8_t tos_tagged, tos_compressed, tos_hello;
     int error_bound;
     uint32_t queue_maxlen;
+    int accept_only;
     volatile int stop;
     volatile int ready;
 };

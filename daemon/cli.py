@@ -22,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--queue-base", type=int, help="first NFQUEUE number (default 7100)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--socket", help="stats socket (default /run/inceptionn/nicd.sock)")
+    p.add_argument("--accept-only", action="store_true",
+                   help="diagnostic: queue tagged packets both ways and accept them unchanged "
+                   "(measures the queue's own cost; compresses nothing)")
     p.add_argument("--cleanup", action="store_true", help="remove every nicd rule and a stale socket, then exit")
     p.set_defaults(func=lambda a: __import__("inceptionn.daemon.nicd", fromlist=["run"]).run(a))
 

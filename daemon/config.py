@@ -32,6 +32,7 @@ class NicdConfig:
     flow_capacity: int = 65536
     log_level: str = "info"
     socket: str = "/run/inceptionn/nicd.sock"
+    accept_only: bool = False   # diagnostic: queue tagged packets both ways, accept unchanged
 
     @property
     def egress_queues(self) -> range:
@@ -76,6 +77,8 @@ class NicdConfig:
                 bad(key, f"must be an integer from {lo} to {hi}, got {v!r}")
         if self.log_level not in LOG_LEVELS:
             bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if not isinstance(self.accept_only, bool):
+            bad("accept_only", f"must be true or false, got {self.accept_only!r}")
         if not isinstance(self.socket, str) or not self.socket.startswith("/"):
             bad("socket", f"must be an absolute path, got {self.socket!r}")
         return self

@@ -25,6 +25,7 @@ class Datapath:
             c.tos_tagged, c.tos_compressed, c.tos_hello = cfg.tos, cfg.tos_compressed, cfg.tos_hello
             c.error_bound = cfg.error_bound
             c.queue_maxlen = cfg.queue_maxlen
+            c.accept_only = int(cfg.accept_only)
             st = ffi.new("struct nicd_stats *")
             err = ffi.new("char[256]")
             self._workers.append({"cfg": c, "stats": st, "err": err, "rc": None, "thread": None})

@@ -16,6 +16,29 @@ from .datapath import Datapath
 from .stats import StatsServer
 
 log = logging.getLogger("inceptionn.nicd")
+READY_LINE = "nicd: ready"
+
+
+def wait_ready(proc, timeout: float = 15.0) -> list[str]:
+    """Read a started daemon's stderr until it says it is ready; returns the lines. Raises
+    UserError with what it said if it exits or stays silent past ``timeout``.
+
+    Reads the raw pipe (not the file object's buffer), so select() never waits for a line
+    that has already arrived."""
+    import select
+
+    fd, buf, deadline = proc.stderr.fileno(), b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        buf += chunk
+        if READY_LINE.encode() in buf:
+            return buf.decode(errors="replace").splitlines()
+        if not chunk:
+            raise UserError("nicd exited before it was ready: " + " | ".join(buf.decode(errors="replace").splitlines()))
+    raise UserError(f"nicd not ready after {timeout:.0f} s: " + " | ".join(buf.decode(errors="replace").splitlines()))
 
 
 def setup_logging(level: str) -> None:
@@ -26,7 +49,7 @@ def setup_logging(level: str) -> None:
 def overrides_from(args) -> dict:
     return {"interfaces": args.interface or None, "tos": args.tos, "error_bound": args.error_bound,
             "queues": args.queues, "queue_base": args.queue_base, "log_level": args.log_level,
-            "socket": args.socket, "codec": args.codec}
+            "socket": args.socket, "codec": args.codec, "accept_only": args.accept_only or None}
 
 
 def cleanup(args) -> int:
@@ -76,10 +99,11 @@ def run(args) -> int:
                     "counters": dp.snapshot()}
 
         server = StatsServer(cfg.socket, snapshot)
-        log.info("running: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",
+        log.info("running%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",
+                 " ACCEPT-ONLY (diagnostic, nothing is compressed)" if cfg.accept_only else "",
                  ", ".join(cfg.interfaces), cfg.codec, cfg.error_bound,
                  _span(cfg.egress_queues), _span(cfg.ingress_queues), cfg.socket)
-        print("nicd: ready", file=sys.stderr, flush=True)
+        print(READY_LINE, file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             expired, flows["active"] = dp.expire_flows()
             flows["expired"] += expired

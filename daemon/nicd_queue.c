@@ -68,7 +68,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     unsigned char *buf;
     int len = nfq_get_payload(nfa, &buf);
     struct nicd_pkt p;
-    if (len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK)
+    if (cx->cfg->accept_only || len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
     COUNT(cx, EGRESS_PACKETS, 1);
     struct nicd_flow_key k;
@@ -139,8 +139,10 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     unsigned char *buf;
     int len = nfq_get_payload(nfa, &buf);
     struct nicd_pkt p;
-    int pr = len < 0 ? NICD_E_IP : nicd_parse(buf, (size_t)len, &p);
     COUNT(cx, INGRESS_PACKETS, 1);
+    if (cx->cfg->accept_only)
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    int pr = len < 0 ? NICD_E_IP : nicd_parse(buf, (size_t)len, &p);
     if (pr != NICD_OK) {
         /* Only compressed packets and hellos are queued here: anything unparseable is hostile. */
         COUNT(cx, DROP_MALFORMED, 1);

@@ -46,6 +46,7 @@ struct nicd_config {
     uint8_t tos_hello;      /* on handshake packets: "soft NIC here" */
     int error_bound;        /* read per packet: Python may change it on reload */
     uint32_t queue_maxlen;
+    int accept_only;        /* diagnostic: accept every queued packet unchanged (queue cost) */
     volatile int stop;      /* set to 1 to make nicd_run return */
     volatile int ready;     /* set by nicd_run once both queues are bound */
 };

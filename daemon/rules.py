@@ -5,7 +5,9 @@ iptables (nf_tables backend through the xtables compat layer): this kernel has n
 after a crash.
 
 Egress (mangle POSTROUTING, -o IFACE), may fail open (--queue-bypass):
-  tagged TCP (DSCP of `tos`)      -> egress queue: compress, or mark a SYN "soft NIC here"
+  tagged TCP SYN (DSCP of `tos`)  -> egress queue: remember the ISN, mark "soft NIC here"
+  tagged TCP, IP length >= 100    -> egress queue: compress (pure ACKs and tiny segments,
+                                     which could never shrink, never cost a queue round trip)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
 Ingress (mangle PREROUTING, -i IFACE):
   compressed TCP (`tos_compressed`) -> ingress queue, NO bypass: fail closed, TCP retransmits
@@ -21,6 +23,9 @@ from ..errors import UserError
 from .config import NicdConfig
 
 COMMENT = "inceptionn-nicd"
+# Smallest tagged IP packet worth a queue round trip: 20 (IP) + up to 60 (TCP) + 20 bytes of
+# payload; below that the 10-byte shim header and tag words leave nothing to gain.
+MIN_QUEUED_LENGTH = 100
 log = logging.getLogger("inceptionn.nicd")
 
 
@@ -51,8 +56,14 @@ def rule_specs(cfg: NicdConfig) -> list[list[str]]:
     for ifname in cfg.interfaces:
         out = ["POSTROUTING", "-o", ifname, "-p", "tcp"]
         inn = ["PREROUTING", "-i", ifname, "-p", "tcp"]
+        if cfg.accept_only:  # the same tagged packets through a queue each way, nothing else
+            specs += [out + dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True),
+                      inn + dscp(cfg.tos) + tag + _queue_target(cfg.ingress_queues, True)]
+            continue
         specs += [
-            out + dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True),
+            out + ["--tcp-flags", "SYN,ACK", "SYN"] + dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True),
+            out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + dscp(cfg.tos) + tag
+            + _queue_target(cfg.egress_queues, True),
             out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True),
             inn + dscp(cfg.tos_compressed) + tag + _queue_target(cfg.ingress_queues, False),
             inn + ["--tcp-flags", "SYN", "SYN"] + dscp(cfg.tos_hello) + tag + _queue_target(cfg.ingress_queues, True),
@@ -69,8 +80,8 @@ def install(cfg: NicdConfig) -> None:
     try:
         for spec in rule_specs(cfg):
             chain, rest = spec[0], spec[1:]
-            # -A keeps our four rules in order; they match disjoint packets except SYN-ACKs,
-            # which both egress rules send to the same queue.
+            # -A keeps our rules in order; a packet matching two of them (a tagged SYN-ACK)
+            # goes to the same queue either way.
             _iptables("-t", "mangle", "-A", chain, *rest)
             installed.append(spec)
     except UserError:

@@ -1,0 +1,205 @@
+"""``inceptionn bench nic``: the soft NIC's goodput over emulated links, side by side.
+
+For each link (rate x MTU) a fresh 2-host testbed runs both daemons; every round sends the same
+stream of real gradient values twice: untagged (never queued: the link without the soft NIC)
+and tagged (compressed by the soft NICs). Reported: goodput of each, the compression ratio the
+daemons measured, the ideal (link rate x ratio) and how close the soft NIC gets to it, and the
+daemons' CPU. On an unshaped link: the data path's own ceiling beside an accept-only queue and
+no queue at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+
+import numpy as np
+
+from ..errors import UserError
+from ..daemon.nicd import wait_ready
+from ..kernel_tc.testbed import Testbed
+from ..kernel_tc.units import parse_rate
+from .codec import bucket_scale_exponents, scale_by_bucket
+
+PORT = 5201
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    print(f"[bench nic] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+@contextmanager
+def nicd(host, sock: str, error_bound: int, accept_only: bool = False):
+    argv = [sys.executable, "-m", "inceptionn", "nicd", "-i", host.ifname, "--socket", sock,
+            "--error-bound", str(error_bound), "--log-level", "warning"]
+    p = host.popen(argv + (["--accept-only"] if accept_only else []), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(p)
+        yield p
+    finally:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def read_stats(sock: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "inceptionn", "stats", "--json", "--socket", sock],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["counters"]
+
+
+def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float) -> dict:
+    peer = [sys.executable, "-m", "inceptionn.bench.stream_peer"]
+    rx = receiver.popen(peer + ["recv", receiver.ip, str(PORT)], stdout=subprocess.PIPE, text=True)
+    try:
+        if rx.stdout.readline().strip() != "ready":
+            raise UserError("benchmark receiver did not start")
+        sender.run(peer + ["send", receiver.ip, str(PORT), path, str(reps), hex(tos)], check=True, timeout=timeout)
+        out, _ = rx.communicate(timeout=timeout)
+        return json.loads(out)
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+
+
+def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
+                 error_bound: int, workdir: str, accept_only_too: bool) -> dict:
+    label = f"{rate or 'unshaped'} MTU {mtu}"
+    log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged ...")
+    res = {"rate": rate, "mtu": mtu, "bytes": nbytes * reps, "raw_gbps": [], "nic_gbps": [], "accept_only_gbps": []}
+    rate_bps = parse_rate(rate) if rate else None
+    timeout = 600
+    with Testbed(hosts=2, rate=rate, mtu=mtu, name="bnic") as tb, ExitStack() as stack:
+        h1, h2 = tb.hosts
+        socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
+        daemons = [stack.enter_context(nicd(h, s, error_bound)) for h, s in zip((h1, h2), socks)]
+        cpu0 = [cpu_seconds(d.pid) for d in daemons]
+        busy = 0.0
+        for r in range(rounds):
+            raw = transfer(h1, h2, path, reps, 0, timeout)
+            t0 = time.perf_counter()
+            nic = transfer(h1, h2, path, reps, 0x28, timeout)
+            busy += time.perf_counter() - t0
+            res["raw_gbps"].append(8 * raw["bytes"] / raw["seconds"] / 1e9)
+            res["nic_gbps"].append(8 * nic["bytes"] / nic["seconds"] / 1e9)
+            log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC {res['nic_gbps'][-1]:.3f} Gbit/s")
+        cpu = [cpu_seconds(d.pid) - c for d, c in zip(daemons, cpu0)]
+        s1, s2 = read_stats(socks[0]), read_stats(socks[1])
+        stack.close()  # stop the daemons (and their rules) before the accept-only runs
+        if accept_only_too:
+            with ExitStack() as acc:
+                for h, s in zip((h1, h2), socks):
+                    acc.enter_context(nicd(h, s, error_bound, accept_only=True))
+                for r in range(rounds):
+                    a = transfer(h1, h2, path, reps, 0x28, timeout)
+                    res["accept_only_gbps"].append(8 * a["bytes"] / a["seconds"] / 1e9)
+                    log(f"{label} accept-only round {r + 1}: {res['accept_only_gbps'][-1]:.3f} Gbit/s")
+    res["ratio"] = s1["egress_orig_bytes"] / max(1, s1["egress_wire_bytes"])
+    res["compressed_share"] = s1["egress_orig_bytes"] / max(1, s1["egress_orig_bytes"] + s1["egress_raw_bytes"])
+    res["restored_packets"] = s2["ingress_restored"]
+    res["drops"] = {k: v for k, v in s2.items() if k.startswith("drop_") and v}
+    res["sender_cpu"] = cpu[0] / busy if busy else 0.0   # fraction of one core while tagged runs
+    res["receiver_cpu"] = cpu[1] / busy if busy else 0.0
+    res["raw"] = statistics.median(res["raw_gbps"])
+    res["nic"] = statistics.median(res["nic_gbps"])
+    res["accept_only"] = statistics.median(res["accept_only_gbps"]) if res["accept_only_gbps"] else None
+    if rate_bps:
+        res["rate_gbps"] = rate_bps / 1e9
+        res["ideal_gbps"] = rate_bps / 1e9 * res["ratio"]
+        res["of_ideal"] = res["nic"] / res["ideal_gbps"]
+    return res
+
+
+def print_report(r: dict) -> None:
+    print(f"Soft NIC goodput: {r['values']:,} real gradient values ({r['input']}, HDC on {r['dataset']}), "
+          f"error bound 2^{r['error_bound']}; median of {r['rounds']} rounds [min-max]; Gbit/s of original payload")
+    print(f"{'link':<22}{'untagged':>16}{'soft NIC':>20}{'ratio':>8}{'ideal':>8}{'of ideal':>9}{'CPU tx/rx':>12}")
+    for x in r["links"]:
+        if not x.get("rate"):
+            continue
+        span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
+        print(f"{x['rate'] + ' MTU ' + str(x['mtu']):<22}{x['raw']:>7.3f}{span(x['raw_gbps']):>9}"
+              f"{x['nic']:>8.3f}{span(x['nic_gbps']):>12}{x['ratio']:>7.2f}x{x['ideal_gbps']:>8.3f}"
+              f"{100 * x['of_ideal']:>8.0f}%{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%")
+    ceil = [x for x in r["links"] if not x.get("rate")]
+    if ceil:
+        print("\nData path ceiling, unshaped veth (Gbit/s of original payload):")
+        print(f"{'MTU':<8}{'no queue':>10}{'accept-only':>13}{'soft NIC':>10}{'ratio':>8}{'CPU tx/rx':>12}")
+        for x in ceil:
+            acc = f"{x['accept_only']:.2f}" if x["accept_only"] is not None else "-"
+            print(f"{x['mtu']:<8}{x['raw']:>10.2f}{acc:>13}{x['nic']:>10.2f}{x['ratio']:>7.2f}x"
+                  f"{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%")
+    print("\nuntagged = the same stream with ToS 0, which no rule queues (the link without the soft NIC); "
+          "ideal = link rate x the compression ratio the daemons measured; CPU = daemon CPU time / wall "
+          "time of the tagged runs (100% = one core). Targets: 80% of ideal at 100 Mbit, 60% at 1 Gbit "
+          "(MTU 9000), ceiling >= 4 Gbit/s.")
+
+
+def run(args) -> int:
+    if os.geteuid() != 0:
+        raise UserError("bench nic builds network namespaces: run it as root")
+    if args.rounds < 1:
+        raise UserError("--rounds must be at least 1")
+    links = []
+    for item in args.links.split(","):
+        try:
+            rate, mtu = item.strip().split("@")
+            links.append((None if rate == "unshaped" else rate, int(mtu)))
+            if rate != "unshaped":
+                parse_rate(rate)
+        except ValueError:
+            raise UserError(f"--links takes RATE@MTU items such as 100mbit@9000 or unshaped@9000, got {item!r}") from None
+    from ..train.data import load_dataset
+    from ..train.gradients import gradient_sample
+
+    dataset = load_dataset(args.data, seed=args.seed)
+    log(f"capturing real gradients (HDC on {dataset.name}) ...")
+    x = gradient_sample(args.captures, data=dataset, seed=args.seed)
+    if args.input == "scaled":
+        x = scale_by_bucket(x, bucket_scale_exponents(x, 4, 65536), 65536)
+    report = {"dataset": dataset.name, "values": int(x.size), "input": args.input, "error_bound": args.error_bound,
+              "rounds": args.rounds, "links": []}
+    with tempfile.TemporaryDirectory(prefix="inceptionn-bench-nic-") as tmp:
+        path = os.path.join(tmp, "stream.bin")
+        x.astype(np.float32).tofile(path)
+        for rate, mtu in links:
+            reps = max(1, round(args.megabytes * 1e6 / x.nbytes * (parse_rate(rate) / 1e8 if rate else 10)))
+            reps = min(reps, 40)
+            report["links"].append(measure_link(rate, mtu, path, x.nbytes, reps, args.rounds, args.error_bound,
+                                                tmp, accept_only_too=rate is None))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--links", default="100mbit@1500,100mbit@9000,1gbit@1500,1gbit@9000,unshaped@1500,unshaped@9000",
+                   help="comma-separated RATE@MTU (RATE 'unshaped' for the ceiling); default: 100 Mbit and "
+                   "1 Gbit at MTU 1500 and 9000, and unshaped")
+    p.add_argument("--error-bound", type=int, default=-10, help="error bound exponent (default -10)")
+    p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
+                   help="gradients as the collective sends them (scaled per 64K bucket, default) or raw")
+    p.add_argument("--megabytes", type=float, default=50,
+                   help="stream size at 100 Mbit (scaled up with the rate; default 50)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per link (default 3)")
+    p.add_argument("--captures", type=int, default=8, help="gradients captured (default 8, 25 MB)")
+    p.add_argument("--data", metavar="PATH", help="MNIST to train on (default: digits)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
