@@ -42,11 +42,14 @@ class NicdConfig:
     def ingress_queues(self) -> range:
         return range(self.queue_base + self.queues, self.queue_base + 2 * self.queues)
 
-    def validate(self, where=lambda key: "") -> "NicdConfig":
-        """Check every value; ``where(key)`` names the source (file line or flag) in errors."""
+    def validate(self, where=lambda key: "", given=frozenset()) -> "NicdConfig":
+        """Check every value; ``where(key)`` names the source (file line or flag) in errors,
+        ``given`` holds the keys the user set (the rest are defaults)."""
         def bad(key, msg):
             raise UserError(f"{where(key)}{key}: {msg}")
 
+        if not isinstance(self.interfaces, list):
+            bad("interfaces", f"must be a list such as [\"eth0\"], got {self.interfaces!r}")
         if not self.interfaces:
             bad("interfaces", "name at least one interface, e.g. interfaces = [\"eth0\"]")
         for name in self.interfaces:
@@ -55,25 +58,27 @@ class NicdConfig:
         marks = {}
         for key in ("tos", "tos_compressed", "tos_hello"):
             v = getattr(self, key)
-            if not isinstance(v, int) or not 0 <= v <= 0xFF or v & 3:
+            if not _is_int(v) or not 0 <= v <= 0xFF or v & 3:
                 bad(key, f"must be a ToS byte with the ECN bits clear (0x00-0xfc, multiple of 4), got {v!r}")
             if v == 0:
                 bad(key, "0 is the default mark of all traffic; pick a DSCP of its own")
             if v in marks:
-                bad(key, f"same mark as {marks[v]} ({v:#04x}); the three marks must differ")
+                # Blame the one the user wrote: a clash with a default names the user's line.
+                mine, other = (marks[v], key) if marks[v] in given and key not in given else (key, marks[v])
+                bad(mine, f"same mark as {other} ({v:#04x}); the three marks must differ")
             marks[v] = key
         if self.codec not in CODECS:
             bad("codec", f"{self.codec!r} cannot run per packet in the NIC; choose one of {', '.join(CODECS)}")
-        if not isinstance(self.error_bound, int) or not -30 <= self.error_bound <= -1:
+        if not _is_int(self.error_bound) or not -30 <= self.error_bound <= -1:
             bad("error_bound", f"must be an integer exponent from -30 to -1 (bound 2^k), got {self.error_bound!r}")
-        if not isinstance(self.queues, int) or not 1 <= self.queues <= 64:
+        if not _is_int(self.queues) or not 1 <= self.queues <= 64:
             bad("queues", f"must be 1 to 64, got {self.queues!r}")
-        if not isinstance(self.queue_base, int) or not 0 <= self.queue_base <= 65535 - 2 * 64:
+        if not _is_int(self.queue_base) or not 0 <= self.queue_base <= 65535 - 2 * 64:
             bad("queue_base", f"must be 0 to {65535 - 128}, got {self.queue_base!r}")
         for key, lo, hi in (("queue_maxlen", 16, 1 << 20), ("flow_timeout", 1, 86400 * 7),
                             ("flow_capacity", 64, 1 << 24)):
             v = getattr(self, key)
-            if not isinstance(v, int) or not lo <= v <= hi:
+            if not _is_int(v) or not lo <= v <= hi:
                 bad(key, f"must be an integer from {lo} to {hi}, got {v!r}")
         if self.log_level not in LOG_LEVELS:
             bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
@@ -82,6 +87,10 @@ class NicdConfig:
         if not isinstance(self.socket, str) or not self.socket.startswith("/"):
             bad("socket", f"must be an absolute path, got {self.socket!r}")
         return self
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 FIELDS = {f.name for f in dataclasses.fields(NicdConfig)}
@@ -104,12 +113,13 @@ def load(path: Path | None, overrides: dict) -> NicdConfig:
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{path}: {exc}") from None
         for n, line in enumerate(text.splitlines(), 1):
-            m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=", line)
+            m = re.match(r"\s*\[*\s*([A-Za-z_][A-Za-z0-9_]*)\s*[=\]]", line)
             if m and m.group(1) not in lines:
                 lines[m.group(1)] = n
         for key in values:
             if key not in FIELDS:
-                raise UserError(f"{path}:{lines.get(key, '?')}: unknown setting {key!r}; "
+                kind = "table" if isinstance(values[key], dict) else "setting"
+                raise UserError(f"{path}:{lines.get(key, '?')}: unknown {kind} {key!r}; "
                                 f"known: {', '.join(sorted(FIELDS))}")
     values.update({k: v for k, v in overrides.items() if v is not None})
     flagged = {k for k, v in overrides.items() if v is not None}
@@ -117,7 +127,9 @@ def load(path: Path | None, overrides: dict) -> NicdConfig:
     def where(key):
         if key in flagged:
             return f"--{key.replace('_', '-')}: "
-        return f"{src}:{lines[key]}: " if src and key in lines else ""
+        if src:
+            return f"{src}:{lines[key]}: " if key in lines else f"{src}: "
+        return ""
 
     cfg = NicdConfig(**values)
-    return cfg.validate(where)
+    return cfg.validate(where, given=frozenset(values))

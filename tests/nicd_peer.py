@@ -1,0 +1,176 @@
+"""Helper program the soft-NIC end-to-end tests (tests/test_nicd.py) run inside testbed hosts.
+
+    recv  --bind IP --port P --out FILE
+          listen, print "listening", accept one connection and append what arrives to FILE,
+          flushing after every read (the test watches FILE grow), until the peer closes.
+    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE]
+          connect (IP_TOS and TCP_MAXSEG set before connect), send FILE; with --pause-at, send
+          the first N bytes, print "paused", wait until the file --go exists, send the rest.
+          Then half-close and wait for the receiver to close: exit 0 means all was delivered.
+    craft --dst IP --kinds K1,K2,... --count N
+          send N hostile packets of each kind with scapy from a raw socket (see KINDS).
+
+Only the standard library for recv/send, so they start fast.
+"""
+import argparse
+import os
+import socket
+import struct
+import sys
+import time
+
+
+def recv(a):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((a.bind, a.port))
+    s.listen(1)
+    print("listening", flush=True)
+    s.settimeout(a.timeout)
+    c, _ = s.accept()
+    c.settimeout(a.timeout)
+    with open(a.out, "wb") as f:
+        while True:
+            b = c.recv(1 << 20)
+            if not b:
+                break
+            f.write(b)
+            f.flush()
+    c.close()
+    return 0
+
+
+def send(a):
+    data = open(a.data, "rb").read()
+    s = socket.socket()
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
+    if a.mss:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
+    s.settimeout(a.timeout)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            s.connect((a.host, a.port))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    if a.pause_at is not None:
+        s.sendall(data[:a.pause_at])
+        print("paused", flush=True)
+        while not os.path.exists(a.go):
+            time.sleep(0.02)
+        s.sendall(data[a.pause_at:])
+    else:
+        s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    while s.recv(65536):
+        pass
+    s.close()
+    return 0
+
+
+# --- hostile packets -------------------------------------------------------------------------
+
+def _crc32c(buf: bytes) -> int:
+    from inceptionn.daemon._datapath import ffi, lib
+    return lib.nicd_crc32c(0, ffi.from_buffer(buf), len(buf))
+
+
+def shim(n: int, body: bytes, *, magic=0x49, ver=0x11, ht=0, crc=None) -> bytes:
+    """A compressed payload: 10-byte header (daemon/nicd_packet.h) + body, CRC32C made valid
+    unless ``crc`` is given."""
+    hdr = bytes([magic, ver, ht, 0]) + struct.pack("<H", n)
+    if crc is None:
+        crc = _crc32c(hdr + b"\0\0\0\0" + body)
+    return hdr + struct.pack("<I", crc) + body
+
+
+KINDS = {
+    # kind: what h2's daemon must count for it (None: must not reach its queue at all)
+    "random": "drop_header",       # random bytes, first byte not the magic
+    "truncated": "drop_header",    # shorter than the 10-byte header
+    "magic": "drop_header",        # well-formed header with the wrong magic
+    "version": "drop_header",      # wrong version/codec byte
+    "huge_n": "drop_too_big",      # valid CRC, n = 65535 floats (would restore to 256 KiB)
+    "bad_crc": "drop_crc",         # valid header, CRC does not match
+    "decode": "drop_decode",       # valid header and CRC, n = 200 but no group stream
+    "checksum": "drop_checksum",   # valid compressed payload, TCP checksum wrong
+    "tiny_ip": "drop_malformed",   # IPv4 header only, protocol TCP, no TCP header
+    "udp": None,                   # UDP with the compressed mark: not ours, never queued
+}
+
+
+def craft(a):
+    import random
+
+    from scapy.all import IP, TCP, UDP, Raw, conf, send as scapy_send
+    conf.verb = 0
+    rnd = random.Random(a.seed)
+    pkts = []
+    for k, i in [(k, i) for k in a.kinds.split(",") for i in range(a.count)]:
+        ip = IP(dst=a.dst, tos=0x2C)
+        tcp = TCP(sport=rnd.randrange(20000, 60000), dport=a.dport, flags="PA", seq=rnd.getrandbits(32),
+                  ack=rnd.getrandbits(32))
+        if k == "random":
+            body = bytes([rnd.choice([b for b in range(256) if b != 0x49])]) + rnd.randbytes(rnd.randrange(10, 1400))
+            pkts.append(ip / tcp / Raw(body))
+        elif k == "truncated":
+            pkts.append(ip / tcp / Raw(bytes([0x49, 0x11, 0, 0, 5])[: 1 + i % 5]))
+        elif k == "magic":
+            pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), magic=0x48)))
+        elif k == "version":
+            pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), ver=0x21)))
+        elif k == "huge_n":
+            pkts.append(ip / tcp / Raw(shim(65535, rnd.randbytes(64))))
+        elif k == "bad_crc":
+            good = shim(8, rnd.randbytes(20))
+            pkts.append(ip / tcp / Raw(good[:6] + bytes([good[6] ^ 0xFF]) + good[7:]))
+        elif k == "decode":
+            pkts.append(ip / tcp / Raw(shim(200, b"")))
+        elif k == "checksum":
+            pkt = IP(bytes(ip / tcp / Raw(shim(8, rnd.randbytes(20)))))  # checksums filled in
+            pkt[TCP].chksum ^= 0x5A5A
+            pkts.append(pkt)
+        elif k == "tiny_ip":
+            pkts.append(IP(dst=a.dst, tos=0x2C, proto=6))
+        elif k == "udp":
+            pkts.append(IP(dst=a.dst, tos=0x2C) / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
+                        / Raw(shim(8, rnd.randbytes(20))))
+        else:
+            raise SystemExit(f"unknown kind {k!r}")
+    scapy_send(pkts, inter=0.002)
+    print(f"sent {len(pkts)}", flush=True)
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("recv")
+    r.add_argument("--bind", required=True)
+    r.add_argument("--port", type=int, required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--timeout", type=float, default=60)
+    s = sub.add_parser("send")
+    s.add_argument("--host", required=True)
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--data", required=True)
+    s.add_argument("--tos", type=lambda t: int(t, 0), default=0x28)
+    s.add_argument("--mss", type=int)
+    s.add_argument("--pause-at", type=int)
+    s.add_argument("--go")
+    s.add_argument("--timeout", type=float, default=60)
+    c = sub.add_parser("craft")
+    c.add_argument("--dst", required=True)
+    c.add_argument("--kinds", required=True, help=f"comma-separated, from {', '.join(KINDS)}")
+    c.add_argument("--count", type=int, default=3)
+    c.add_argument("--dport", type=int, default=5999)
+    c.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    return {"recv": recv, "send": send, "craft": craft}[a.mode](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

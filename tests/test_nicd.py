@@ -1,0 +1,552 @@
+"""End-to-end tests of the soft NIC daemon (``inceptionn nicd``): real netfilter queues, real TCP,
+two hosts in network namespaces (kernel_tc.testbed). The peers are tests/nicd_peer.py.
+
+What must arrive is computed with the codec itself: a tagged float32 stream reaches the
+application equal, bit for bit, to ``get_codec("inceptionn", error_bound=k).roundtrip(x)``;
+untagged or non-negotiated traffic arrives byte for byte.
+
+Needs root (namespaces, iptables, NFQUEUE).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(sys.executable).parent
+INC = str(VENV / "inceptionn")
+PY = sys.executable
+PEER = str(Path(__file__).resolve().parent / "nicd_peer.py")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+
+_tb_counter = itertools.count()
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def make_testbed(hosts=2, rate=None, mtu=9000):
+    from inceptionn.kernel_tc.testbed import Testbed
+    name = f"nt{os.getpid()}_{next(_tb_counter)}"
+    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=name) as tb:
+        yield tb
+
+
+def stats(sock) -> dict:
+    r = subprocess.run([INC, "stats", "--socket", str(sock), "--json"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def counters(sock) -> dict:
+    return stats(sock)["counters"]
+
+
+class Nicd:
+    def __init__(self, host, tmp_path, extra, tag=""):
+        self.host = host
+        self.sock = Path(tmp_path) / f"{host.name}{tag}.sock"
+        self.log = Path(tmp_path) / f"{host.name}{tag}.log"
+        self.logf = open(self.log, "ab")
+        self.proc = host.popen([INC, "nicd", "-i", host.ifname, "--socket", str(self.sock), *extra],
+                               stdout=self.logf, stderr=self.logf)
+
+    def wait_ready(self, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while b"nicd: ready" not in self.log.read_bytes():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"nicd in {self.host.name} exited {self.proc.returncode}: {self.log_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nicd in {self.host.name} not ready after {timeout}s: {self.log_text()}")
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def counters(self) -> dict:
+        return counters(self.sock)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def terminate(self, timeout=15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"nicd in {self.host.name} ignored SIGTERM: {self.log_text()}")
+        self.logf.close()
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def running_nicd(host, tmp_path, *extra, tag=""):
+    """Start nicd in ``host``, wait for "nicd: ready", always stop it (SIGTERM, then SIGKILL)."""
+    d = Nicd(host, tmp_path, [str(a) for a in extra], tag)
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        try:
+            d.terminate()
+        except AssertionError:
+            pass
+
+
+class Transfer:
+    """One TCP connection h_send -> h_recv carrying ``data``; the receiver writes to a file."""
+
+    _ports = itertools.count(5001)
+
+    def __init__(self, h_send, h_recv, data: bytes, tmp_path, *, tos=0x28, mss=None, pause_at=None, timeout=90):
+        self.port = next(self._ports)
+        tmp_path = Path(tmp_path)
+        self.src = tmp_path / f"send{self.port}.bin"
+        self.out = tmp_path / f"recv{self.port}.bin"
+        self.go = tmp_path / f"go{self.port}"
+        self.src.write_bytes(data)
+        self.timeout = timeout
+        self.recv = h_recv.popen([PY, PEER, "recv", "--bind", h_recv.ip, "--port", self.port, "--out", self.out,
+                                  "--timeout", timeout], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = self.recv.stdout.readline()
+            assert line.strip() == "listening", f"receiver did not start: {line!r} {self.recv.stderr.read()}"
+            argv = [PY, PEER, "send", "--host", h_recv.ip, "--port", self.port, "--data", self.src,
+                    "--tos", hex(tos), "--timeout", timeout]
+            if mss:
+                argv += ["--mss", mss]
+            if pause_at is not None:
+                argv += ["--pause-at", pause_at, "--go", self.go]
+            self.send = h_send.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def received(self) -> bytes:
+        return self.out.read_bytes() if self.out.exists() else b""
+
+    def received_len(self) -> int:
+        return self.out.stat().st_size if self.out.exists() else 0
+
+    def wait_received(self, n, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while self.received_len() < n:
+            assert time.monotonic() < deadline, f"only {self.received_len()} of {n} bytes arrived in {timeout}s"
+            assert self.send.poll() is None or self.send.returncode == 0, self.send.stderr.read()
+            time.sleep(0.02)
+
+    def wait_paused(self):
+        line = self.send.stdout.readline()
+        assert line.strip() == "paused", f"sender: {line!r} {self.send.stderr.read()}"
+
+    def finish(self, timeout=None) -> bytes:
+        timeout = timeout or self.timeout
+        try:
+            s_out, s_err = self.send.communicate(timeout=timeout)
+            r_out, r_err = self.recv.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise AssertionError(f"transfer on port {self.port} did not finish in {timeout}s "
+                                 f"({self.received_len()} bytes arrived)")
+        assert self.send.returncode == 0, f"sender failed: {s_err}"
+        assert self.recv.returncode == 0, f"receiver failed: {r_err}"
+        return self.received()
+
+    def close(self):
+        for p in (getattr(self, "send", None), self.recv):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def transfer(h_send, h_recv, data: bytes, tmp_path, **kw) -> bytes:
+    t = Transfer(h_send, h_recv, data, tmp_path, **kw)
+    try:
+        return t.finish()
+    finally:
+        t.close()
+
+
+def assert_words_equal(got: bytes, want: bytes, what="stream"):
+    """Byte equality, reported per 32-bit word (the first mismatching float and how many)."""
+    assert len(got) == len(want), f"{what}: {len(got)} bytes arrived, {len(want)} expected"
+    if got == want:
+        return
+    n = len(got) // 4
+    g = np.frombuffer(got, np.uint32, n)
+    w = np.frombuffer(want, np.uint32, n)
+    bad = np.flatnonzero(g != w)
+    if bad.size:
+        i = int(bad[0])
+        raise AssertionError(f"{what}: {bad.size} of {n} words differ; first at word {i}: got {g[i]:#010x} "
+                             f"({g.view(np.float32)[i]!r}), want {w[i]:#010x} ({w.view(np.float32)[i]!r})")
+    raise AssertionError(f"{what}: the {len(got) - 4 * n} tail bytes differ")
+
+
+def recon(x: np.ndarray, k: int) -> np.ndarray:
+    from inceptionn.codecs import get_codec
+    return np.asarray(get_codec("inceptionn", error_bound=k).roundtrip(x), dtype=np.float32)
+
+
+def iptables_save(host) -> str:
+    r = host.run(["iptables-save"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def add_counting_rule(host, name, *match):
+    """A rule in raw PREROUTING that only counts (no target): what arrives on the wire."""
+    host.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, *match,
+              "-m", "comment", "--comment", f"nt-{name}"], check=True)
+
+
+def rule_counts(host, name, table="raw") -> tuple[int, int]:
+    r = host.run(["iptables-save", "-c", "-t", table], capture_output=True, text=True, check=True)
+    for line in r.stdout.splitlines():
+        if f"nt-{name}" in line:
+            m = re.match(r"\[(\d+):(\d+)\]", line)
+            assert m, line
+            return int(m.group(1)), int(m.group(2))
+    raise AssertionError(f"no rule nt-{name} in {host.name}: {r.stdout}")
+
+
+# --- data --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def grads() -> np.ndarray:
+    """Real gradients (~9.4 MB of float32), scaled as in the manual run."""
+    from inceptionn.train.gradients import gradient_sample
+    return (gradient_sample(3) * np.float32(16)).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def small(grads) -> np.ndarray:
+    return np.ascontiguousarray(grads[: 512 * 1024])  # 2 MiB
+
+
+# --- 1. compression, several error bounds ------------------------------------------------------
+
+@pytest.mark.parametrize("k", [-6, -8, -10, -12])
+def test_tagged_stream_equals_reconstruction(tmp_path, small, k):
+    want = recon(small, k)
+    assert not np.array_equal(want.view(np.uint32), small.view(np.uint32)), "codec should be lossy here"
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        add_counting_rule(h2, "compressed", "-p", "tcp", "-m", "dscp", "--dscp", "11")
+        with running_nicd(h1, tmp_path, "--error-bound", k) as d1, \
+                running_nicd(h2, tmp_path, "--error-bound", k) as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path)
+            s1, c2 = stats(d1.sock), d2.counters()
+        on_wire = rule_counts(h2, "compressed")[0]
+    c1 = s1["counters"]
+    assert s1["config"]["error_bound"] == k
+    assert_words_equal(got, want.tobytes(), f"error bound 2^{k}")
+    assert c1["egress_compressed"] > 0
+    assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
+    assert c2["ingress_restored"] == c1["egress_compressed"]
+    assert c1["egress_wire_bytes"] < c1["egress_orig_bytes"]
+    assert c2["ingress_wire_bytes"] == c1["egress_wire_bytes"]
+    assert c2["ingress_orig_bytes"] == c1["egress_orig_bytes"]
+    # (nearly) the whole stream went compressed, and it really crossed the wire marked so
+    assert c1["egress_orig_bytes"] + c1["egress_raw_bytes"] >= small.nbytes
+    assert c1["egress_orig_bytes"] > 0.9 * small.nbytes
+    assert on_wire >= c1["egress_compressed"]
+    for key in ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big"):
+        assert c2[key] == 0, (key, c2)
+
+
+# --- 2. untagged traffic untouched -------------------------------------------------------------
+
+def test_untagged_untouched(tmp_path, small):
+    data = small.tobytes()
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        add_counting_rule(h2, "marked", "-p", "tcp", "-m", "dscp", "!", "--dscp", "0")
+        add_counting_rule(h2, "all", "-p", "tcp")
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            before1, before2 = d1.counters(), d2.counters()
+            got = transfer(h1, h2, data, tmp_path, tos=0)
+            after1, after2 = d1.counters(), d2.counters()
+        assert rule_counts(h2, "all")[1] >= len(data)  # (GRO merges segments: count bytes)
+        assert rule_counts(h2, "marked") == (0, 0)
+    assert got == data
+    assert after1 == before1, "the sender's daemon saw untagged traffic"
+    for key in ("ingress_packets", "ingress_restored", "hello_received", "flows_negotiated"):
+        assert after2[key] == before2[key], key
+
+
+# --- 3. tagged and untagged at once ------------------------------------------------------------
+
+def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
+    tagged = small.tobytes()
+    plain = grads[-512 * 1024:].tobytes()
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path):
+            t1 = Transfer(h1, h2, tagged, tmp_path, tos=0x28)
+            t2 = Transfer(h1, h2, plain, tmp_path, tos=0)
+            try:
+                got1, got2 = t1.finish(), t2.finish()
+            finally:
+                t1.close()
+                t2.close()
+            c1 = d1.counters()
+    assert_words_equal(got1, recon(small, -10).tobytes(), "tagged flow")
+    assert got2 == plain, "untagged flow changed"
+    assert c1["egress_compressed"] > 0 and c1["flows_negotiated"] == 1
+    assert c1["egress_orig_bytes"] + c1["egress_raw_bytes"] <= len(tagged)  # only the tagged flow counted
+
+
+# --- 4. segments not on float boundaries -------------------------------------------------------
+
+@pytest.mark.parametrize("mss", [1001, 1403])
+def test_unaligned_segments_and_odd_tail(tmp_path, small, mss):
+    """MSS not a multiple of 4 (payload mss - 12 with timestamps): segments start anywhere in a
+    float. Whole aligned words are compressed; a float split over two segments travels raw in
+    the head/tail bytes of both (DESIGN rule 2), so it arrives as the original value. A stream
+    length that is not a multiple of 4 ends in raw tail bytes."""
+    x = small[: 300_000]
+    tail = b"\x01\x02\x03"
+    data = x.tobytes() + tail
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            got = transfer(h1, h2, data, tmp_path, mss=mss)
+            c1, c2 = d1.counters(), d2.counters()
+    want = recon(x, -10)
+    assert len(got) == len(data)
+    assert got[-3:] == tail, "the odd tail bytes changed"
+    g = np.frombuffer(got, np.uint32, x.size)
+    w, o = want.view(np.uint32), x.view(np.uint32)
+    differ = np.flatnonzero(g != w)
+    assert (g[differ] == o[differ]).all(), \
+        f"{(g[differ] != o[differ]).sum()} values are neither the reconstruction nor the original"
+    compressed_words = c1["tier0"] + c1["tier8"] + c1["tier16"] + c1["tier32"]
+    straddling = x.size - compressed_words  # words that went raw in a head or tail
+    assert straddling <= c1["egress_compressed"] + c1["egress_raw_bytes"] // 4 + 1
+    assert differ.size <= straddling, (differ.size, straddling)
+    assert straddling > 0, "no segment started inside a float: MSS had no effect"
+    assert c1["egress_compressed"] > 100
+    assert c2["ingress_restored"] == c1["egress_compressed"]
+
+
+# --- 5. random loss ----------------------------------------------------------------------------
+
+def test_random_loss(tmp_path, small):
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        # drop on the receiver's wire side, before its daemon: lost compressed packets, so the
+        # retransmissions are compressed again (possibly with other segment boundaries)
+        h2.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
+                "-m", "statistic", "--mode", "random", "--probability", "0.02", "-m", "comment",
+                "--comment", "nt-loss", "-j", "DROP"], check=True)
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+        lost = rule_counts(h2, "loss")[0]
+    assert lost > 0, "the loss rule dropped nothing"
+    assert_words_equal(got, recon(small, -10).tobytes(), "with 2% loss")
+    assert c1["egress_compressed"] > c2["ingress_restored"] > 0  # some compressed packets were lost
+    assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
+
+
+# --- 6. receiver daemon killed: fail closed, then recover --------------------------------------
+
+def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads):
+    data = grads.tobytes()
+    want = recon(grads, -10).tobytes()
+    with make_testbed(rate="4mbit") as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            t = Transfer(h1, h2, data, tmp_path, timeout=120)
+            try:
+                t.wait_received(1_500_000)
+                d2.kill()
+                time.sleep(0.7)
+                n0 = t.received_len()
+                time.sleep(1.5)
+                n1 = t.received_len()
+                so_far = t.received()
+                assert n1 == n0, f"data kept arriving with the receiver daemon dead ({n0} -> {n1} bytes)"
+                assert n1 < len(data)
+                m = len(so_far) // 4 * 4
+                assert_words_equal(so_far[:m], want[:m], "data delivered before/while the daemon was down")
+                assert "NFQUEUE" in iptables_save(h2)  # the leftover ingress rule is what holds it closed
+                with running_nicd(h2, tmp_path, tag="-restarted") as d2b:
+                    got = t.finish(timeout=90)
+                    c2b = d2b.counters()
+                    stale = d2b.log_text()
+            finally:
+                t.close()
+            c1 = d1.counters()
+    assert_words_equal(got, want, "after the restart")
+    assert c2b["ingress_restored"] > 0, "the restarted daemon restored nothing"
+    assert c1["egress_compressed"] > 0
+    assert "stale" in stale  # it removed the rules the killed daemon left
+
+
+# --- 7. sender daemon killed: the flow continues raw -------------------------------------------
+
+def test_sender_daemon_killed_flow_continues_raw(tmp_path, grads):
+    data = grads.tobytes()
+    want = recon(grads, -10)
+    with make_testbed(rate="20mbit") as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            t = Transfer(h1, h2, data, tmp_path, timeout=120)
+            try:
+                t.wait_received(1_000_000)
+                d1.kill()
+                time.sleep(1.0)
+                bound = t.received_len()
+                r1 = d2.counters()["ingress_restored"]
+                got = t.finish(timeout=90)
+            finally:
+                t.close()
+            r2 = d2.counters()["ingress_restored"]
+        assert r1 > 0
+        assert r2 == r1, "compressed packets kept arriving after the sender's daemon died"
+        # leftover rules are still there until cleanup removes them
+        assert "NFQUEUE" in iptables_save(h1)
+        leftover = iptables_save(h1).count("inceptionn-nicd")
+        assert leftover >= 1
+        r = h1.run([INC, "nicd", "--cleanup", "--socket", str(d1.sock)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert f"removed {leftover} rule(s)" in r.stderr
+        saved = iptables_save(h1)
+        assert "NFQUEUE" not in saved and "inceptionn-nicd" not in saved
+        assert not d1.sock.exists()
+    assert len(got) == len(data)
+    g = np.frombuffer(got, np.uint32)
+    x, w = grads.view(np.uint32), want.view(np.uint32)
+    either = (g == x) | (g == w)
+    assert either.all(), f"{(~either).sum()} values are neither original nor reconstruction"
+    b = bound // 4
+    assert bound < len(data) * 0.8, "the transfer was nearly over at the kill: nothing tested"
+    assert_words_equal(got[4 * b:], data[4 * b:], "stream after the sender's daemon died")
+    assert (g[:b] != x[:b]).any(), "nothing before the kill was compressed"
+
+
+# --- 8. peers without the daemon ---------------------------------------------------------------
+
+def test_peer_without_daemon_stays_raw(tmp_path, small):
+    data = small.tobytes()
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1:
+            got = transfer(h1, h2, data, tmp_path)
+            c1 = d1.counters()
+    assert got == data
+    assert c1["egress_raw_not_negotiated"] > 0
+    assert c1["egress_compressed"] == 0
+    assert c1["hello_sent"] >= 1 and c1["hello_received"] == 0 and c1["flows_negotiated"] == 0
+
+
+def test_flow_started_before_daemons_stays_raw(tmp_path, small):
+    data = small.tobytes()
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        t = Transfer(h1, h2, data, tmp_path, pause_at=len(data) // 3)
+        try:
+            t.wait_paused()
+            with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+                t.go.touch()
+                got = t.finish()
+                c1, c2 = d1.counters(), d2.counters()
+        finally:
+            t.close()
+    assert got == data
+    assert c1["egress_compressed"] == 0 and c1["egress_raw_not_negotiated"] > 0
+    assert c2["ingress_restored"] == 0
+
+
+# --- 9. hostile packets ------------------------------------------------------------------------
+
+HOSTILE = {  # kind -> counter it must raise at the receiver (None: never reaches the queue)
+    "random": "drop_header", "truncated": "drop_header", "magic": "drop_header", "version": "drop_header",
+    "huge_n": "drop_too_big", "bad_crc": "drop_crc", "decode": "drop_decode", "checksum": "drop_checksum",
+    "tiny_ip": "drop_malformed", "udp": None,
+}
+
+
+def test_hostile_packets_dropped_and_counted(tmp_path, small):
+    per_kind = 3
+    expect = {}
+    for kind, key in HOSTILE.items():
+        if key:
+            expect[key] = expect.get(key, 0) + per_kind
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h2, tmp_path) as d2:
+            before = d2.counters()
+            r = h1.run([PY, PEER, "craft", "--dst", h2.ip, "--kinds", ",".join(HOSTILE), "--count", per_kind],
+                       capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert f"sent {per_kind * len(HOSTILE)}" in r.stdout
+            deadline = time.monotonic() + 5
+            while True:
+                after = d2.counters()
+                if after["ingress_packets"] - before["ingress_packets"] >= sum(expect.values()) \
+                        or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert d2.alive(), d2.log_text()
+            delta = {k: after[k] - before[k] for k in after}
+            assert delta["ingress_packets"] == sum(expect.values()), delta
+            for key in ("drop_header", "drop_too_big", "drop_crc", "drop_decode", "drop_checksum", "drop_malformed"):
+                assert delta[key] == expect.get(key, 0), (key, delta)
+            assert delta["ingress_restored"] == 0
+            # still serving, and a good compressed transfer works afterwards
+            with running_nicd(h1, tmp_path) as d1:
+                got = transfer(h1, h2, small[:100_000].tobytes(), tmp_path)
+                assert d1.counters()["egress_compressed"] > 0
+            assert d2.alive(), d2.log_text()
+    assert_words_equal(got, recon(small[:100_000], -10).tobytes(), "after the hostile packets")
+
+
+# --- 10. stopping removes every rule -----------------------------------------------------------
+
+def test_stop_leaves_no_rule(tmp_path, small):
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        d = [Nicd(h, tmp_path, []) for h in (h1, h2)]
+        try:
+            for x in d:
+                x.wait_ready()
+            installed = []
+            for h in (h1, h2):
+                saved = iptables_save(h)
+                installed.append(saved.count("inceptionn-nicd"))
+                assert installed[-1] >= 4 and "NFQUEUE" in saved
+            got = transfer(h1, h2, small[:100_000].tobytes(), tmp_path)
+            assert_words_equal(got, recon(small[:100_000], -10).tobytes())
+            codes = [x.terminate() for x in d]
+        finally:
+            for x in d:
+                if x.alive():
+                    x.kill()
+        assert codes == [0, 0], [x.log_text() for x in d]
+        for h, x, n in zip((h1, h2), d, installed):
+            saved = iptables_save(h)
+            assert "NFQUEUE" not in saved and "inceptionn-nicd" not in saved, saved
+            assert not x.sock.exists()
+            assert f"removed {n} rule(s)" in x.log_text()
