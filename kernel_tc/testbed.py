@@ -1,0 +1,289 @@
+"""A multi-host testbed made of network namespaces, Mininet-style.
+
+    inc-<name>-h1  eth0 198.18.0.1 --veth-- h1 \\
+    inc-<name>-h2  eth0 198.18.0.2 --veth-- h2  }- br0   (all in namespace inc-<name>-sw)
+    ...                                        /
+
+Every link is shaped in both directions: on the host's eth0 (host -> switch) and on the
+switch port hN (switch -> host). Hosts have loopback up, one address in the testbed prefix
+and no default route, so they reach each other and nothing else.
+
+Nothing is created in the root namespace and no state file is kept: every namespace of a
+testbed starts with ``inc-<name>-``, so ``down`` finds everything by prefix, also after a
+crashed run, and ``attach``/``status`` read the topology back from the kernel.
+
+    from inceptionn.kernel_tc.testbed import Testbed
+    with Testbed(hosts=4, rate="100mbit", mtu=9000) as tb:
+        h1, h2 = tb.hosts[0], tb.hosts[1]
+        server = h2.popen(["iperf3", "-s", "-1"])
+        h1.run(["ping", "-c1", h2.ip], check=True)
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from inceptionn.errors import UserError
+
+from . import link
+from . import netns as ns
+from .units import format_rate, parse_rate
+
+NS_PREFIX = "inc-"
+DEFAULT_NAME = "tb"
+DEFAULT_PREFIX = "198.18.0.0/24"
+# RFC 2544 benchmarking range: testbed traffic can never reach a real network by accident.
+BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
+HOST_IFNAME = "eth0"
+BRIDGE = "br0"
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,24}")  # no '-': it separates name and role in ns names
+_HOST_NS_RE = re.compile(r"h(\d+)")
+
+
+def _prefix(name: str) -> str:
+    return f"{NS_PREFIX}{name}-"
+
+
+def switch_netns(name: str) -> str:
+    return f"{_prefix(name)}sw"
+
+
+def host_netns(name: str, i: int) -> str:
+    return f"{_prefix(name)}h{i}"
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.fullmatch(name or ""):
+        raise UserError(f"bad testbed name {name!r}: use 1-24 letters, digits or '_'")
+    return name
+
+
+@dataclass
+class Host:
+    """One testbed host: a namespace with one interface on the testbed network."""
+
+    name: str          # "h1"
+    netns: str         # "inc-tb-h1"
+    ifname: str        # interface inside the namespace
+    ip: str
+    prefixlen: int
+    mtu: int
+    rate_bps: int | None  # shaping of this host's link (both directions), None if unshaped
+    switch_port: str   # the link's other end, inside the switch namespace
+
+    def command(self, argv: Sequence[str], *, hostname: str | None = None) -> list[str]:
+        """argv that runs ``argv`` inside this host (see netns.command for ``hostname``)."""
+        return ns.command(self.netns, argv, hostname=hostname)
+
+    def popen(self, argv: Sequence[str], *, hostname: str | None = None, **kwargs) -> subprocess.Popen:
+        return ns.popen(self.netns, argv, hostname=hostname, **kwargs)
+
+    def run(self, argv: Sequence[str], *, hostname: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+        return ns.run(self.netns, argv, hostname=hostname, **kwargs)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "netns": self.netns,
+            "interface": self.ifname,
+            "address": self.ip,
+            "prefixlen": self.prefixlen,
+            "mtu": self.mtu,
+            "rate": format_rate(self.rate_bps) if self.rate_bps else None,
+            "rate_bps": self.rate_bps,
+            "switch_port": self.switch_port,
+        }
+
+
+class Testbed:
+    """N hosts joined through a bridge, each link shaped to ``rate`` in both directions.
+
+    Use as a context manager (``down`` runs on exit, also when the block raised), or call
+    ``up()`` and ``down()`` yourself. ``Testbed.attach(name)`` describes one already running.
+    """
+
+    def __init__(self, hosts: int = 2, rate: str | int | None = None, mtu: int = 1500,
+                 prefix: str = DEFAULT_PREFIX, name: str = DEFAULT_NAME,
+                 progress: Callable[[str], None] | None = None):
+        self.name = check_name(name)
+        self.n_hosts = int(hosts)
+        if self.n_hosts < 1:
+            raise UserError(f"--hosts must be at least 1, not {self.n_hosts}")
+        self.rate_bps = (rate if isinstance(rate, int) else parse_rate(rate)) if rate is not None else None
+        if self.rate_bps is not None and self.rate_bps <= 0:
+            raise UserError("bad rate: must be greater than zero")
+        self.mtu = int(mtu)
+        if not 68 <= self.mtu <= 65535:
+            raise UserError(f"bad MTU {self.mtu}: must lie between 68 and 65535")
+        self.network = _check_prefix(prefix, self.n_hosts)
+        self.progress = progress or (lambda msg: None)
+        self.hosts: list[Host] = []
+        self.switch = switch_netns(self.name)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def up(self) -> "Testbed":
+        existing = ns.list_netns(_prefix(self.name))
+        if existing:
+            down_cmd = "inceptionn testbed down" + ("" if self.name == DEFAULT_NAME else f" --name {self.name}")
+            raise UserError(f"testbed {self.name!r} already exists ({', '.join(existing)}); "
+                            f"run `{down_cmd}` first")
+        started = time.monotonic()
+        self._created: list[str] = []
+        try:
+            self._build()
+        except BaseException:
+            self.progress(f"testbed {self.name}: setup failed, removing what was created")
+            # only what this call made: a concurrent `up` of the same name keeps its own
+            for netns_name in reversed(self._created):
+                try:
+                    ns.delete(netns_name)
+                except Exception:  # report the first failure, not a follow-up of it
+                    pass
+            self.hosts = []
+            raise
+        self.progress(f"testbed {self.name}: {self.n_hosts} hosts up on {self.network}, "
+                      f"rate {format_rate(self.rate_bps) if self.rate_bps else 'unlimited'}, "
+                      f"mtu {self.mtu} ({time.monotonic() - started:.1f}s)")
+        return self
+
+    def down(self) -> list[str]:
+        """Remove every namespace of this testbed (and with them links, qdiscs, rules)."""
+        self.hosts = []
+        return teardown(self.name)
+
+    def __enter__(self) -> "Testbed":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def _build(self) -> None:
+        self.progress(f"testbed {self.name}: creating switch {self.switch}")
+        ns.create(self.switch)
+        self._created.append(self.switch)
+        with ns.ipr(self.switch) as sw:
+            sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
+            sw.link("add", ifname=BRIDGE, kind="bridge")
+            bridge = sw.link_lookup(ifname=BRIDGE)[0]
+            for i in range(1, self.n_hosts + 1):
+                self.progress(f"testbed {self.name}: host h{i}/{self.n_hosts}")
+                self.hosts.append(self._add_host(sw, bridge, i))
+            sw.link("set", index=bridge, mtu=self.mtu, state="up")
+
+    def _add_host(self, sw, bridge: int, i: int) -> Host:
+        host_ns = host_netns(self.name, i)
+        port = f"h{i}"
+        ip = str(self.network.network_address + i)
+        ns.create(host_ns)
+        self._created.append(host_ns)
+        # created inside the switch namespace with the peer born in the host: nothing ever
+        # appears in the root namespace, even for a moment
+        sw.link("add", ifname=port, kind="veth", peer={"ifname": HOST_IFNAME, "net_ns_fd": host_ns})
+        port_index = sw.link_lookup(ifname=port)[0]
+        sw.link("set", index=port_index, mtu=self.mtu, master=bridge, state="up")
+        with ns.ipr(host_ns) as h:
+            h.link("set", index=h.link_lookup(ifname="lo")[0], state="up")
+            eth = h.link_lookup(ifname=HOST_IFNAME)[0]
+            h.link("set", index=eth, mtu=self.mtu, state="up")
+            h.addr("add", index=eth, address=ip, prefixlen=self.network.prefixlen)
+        if self.rate_bps:
+            link.shape(HOST_IFNAME, netns=host_ns, rate=self.rate_bps)
+            link.shape(port, netns=self.switch, rate=self.rate_bps)
+        return Host(name=f"h{i}", netns=host_ns, ifname=HOST_IFNAME, ip=ip,
+                    prefixlen=self.network.prefixlen, mtu=self.mtu, rate_bps=self.rate_bps,
+                    switch_port=port)
+
+    # --- lookup --------------------------------------------------------------------------------
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name or h.netns == name:
+                return h
+        raise UserError(f"testbed {self.name!r} has no host {name!r} "
+                        f"(hosts: {', '.join(h.name for h in self.hosts) or 'none'})")
+
+    @classmethod
+    def attach(cls, name: str = DEFAULT_NAME) -> "Testbed":
+        """Describe a running testbed from what the kernel holds (no state file)."""
+        check_name(name)
+        names = ns.list_netns(_prefix(name))
+        if not names:
+            raise UserError(f"no testbed {name!r} is up (start one with `inceptionn testbed up`)")
+        tb = cls.__new__(cls)
+        tb.name, tb.switch, tb.progress, tb.hosts = name, switch_netns(name), (lambda m: None), []
+        for netns_name in names:
+            role = netns_name[len(_prefix(name)):]
+            if _HOST_NS_RE.fullmatch(role):
+                tb.hosts.append(_read_host(netns_name, role))
+        tb.n_hosts = len(tb.hosts)
+        tb.mtu = tb.hosts[0].mtu if tb.hosts else None
+        tb.rate_bps = tb.hosts[0].rate_bps if tb.hosts else None
+        first = tb.hosts[0] if tb.hosts else None
+        tb.network = ipaddress.ip_network(f"{first.ip}/{first.prefixlen}", strict=False) if first and first.ip else None
+        return tb
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "switch": self.switch,
+            "prefix": str(self.network) if self.network else None,
+            "hosts": [h.to_dict() for h in self.hosts],
+        }
+
+
+def _read_host(netns_name: str, role: str) -> Host:
+    ip, prefixlen, mtu = None, None, None
+    with ns.ipr(netns_name) as h:
+        found = h.link_lookup(ifname=HOST_IFNAME)
+        if found:
+            mtu = h.get_links(found[0])[0].get_attr("IFLA_MTU")
+            for addr in h.get_addr(index=found[0], family=2):
+                ip, prefixlen = addr.get_attr("IFA_ADDRESS"), addr["prefixlen"]
+    rate = link.show(HOST_IFNAME, netns=netns_name).rate_bps if found else None
+    return Host(name=role, netns=netns_name, ifname=HOST_IFNAME, ip=ip, prefixlen=prefixlen,
+                mtu=mtu, rate_bps=rate, switch_port=role)
+
+
+def _check_prefix(prefix: str, hosts: int) -> ipaddress.IPv4Network:
+    try:
+        net = ipaddress.ip_network(prefix, strict=True)
+    except ValueError as exc:
+        raise UserError(f"bad prefix {prefix!r}: {exc}") from None
+    if net.version != 4 or not net.subnet_of(BENCHMARK_NET):
+        raise UserError(f"bad prefix {prefix}: testbed addresses must come from {BENCHMARK_NET} "
+                        "(reserved for benchmarking, so no real network is ever reached)")
+    if hosts > net.num_addresses - 2:
+        raise UserError(f"prefix {prefix} has room for {max(net.num_addresses - 2, 0)} hosts, not {hosts}")
+    return net
+
+
+def list_testbeds() -> list[str]:
+    """Names of the testbeds that have at least one namespace."""
+    names = []
+    for netns_name in ns.list_netns(NS_PREFIX):
+        rest = netns_name[len(NS_PREFIX):]
+        if "-" in rest:
+            name = rest.rsplit("-", 1)[0]
+            if _NAME_RE.fullmatch(name) and name not in names:
+                names.append(name)
+    return names
+
+
+def teardown(name: str = DEFAULT_NAME, progress: Callable[[str], None] | None = None) -> list[str]:
+    """Remove every namespace of testbed ``name``; returns their names. Idempotent."""
+    check_name(name)
+    removed = []
+    # hosts first: each takes its veth pair with it, so the switch dies with an empty bridge
+    names = sorted(ns.list_netns(_prefix(name)), key=lambda n: n.endswith("-sw"))
+    for netns_name in names:
+        if progress:
+            progress(f"removing {netns_name}")
+        ns.delete(netns_name)
+        removed.append(netns_name)
+    return removed

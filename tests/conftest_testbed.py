@@ -1,0 +1,180 @@
+"""Fixtures and helpers shared by the link and testbed tests (real kernel, root only).
+
+Imported explicitly by test_link.py and test_testbed.py. Every namespace the tests create is
+named with SESSION_TAG, so leak checks only look at our own objects even when another test
+run shares the machine.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inceptionn.kernel_tc import netns as ns
+
+CLI = str(Path(sys.executable).with_name("inceptionn"))
+# short and unique per run: testbed names end up in namespace names
+SESSION_TAG = f"t{os.getpid() % 100000}"
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "iptables", "iperf3", "ping")),
+    reason="needs root and ip, iptables, iperf3, ping (real network namespaces)",
+)
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the installed `inceptionn` console script, as a user would."""
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("inceptionn: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# --- leak checks -------------------------------------------------------------------------------
+
+def _root_links() -> set[str]:
+    with ns.ipr() as ipr:
+        return {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+
+
+def _root_qdiscs() -> set[tuple]:
+    with ns.ipr() as ipr:
+        return {(q["index"], q["handle"], q["parent"], q.get_attr("TCA_KIND")) for q in ipr.get_qdiscs()}
+
+
+def _root_inceptionn_rules() -> list[str]:
+    out = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "inceptionn" in line]
+
+
+def snapshot() -> dict:
+    return {
+        "netns": ns.list_netns(f"inc-{SESSION_TAG}"),
+        "root_links": _root_links(),
+        "root_qdiscs": _root_qdiscs(),
+        "root_rules": _root_inceptionn_rules(),
+    }
+
+
+@pytest.fixture
+def no_leaks():
+    """Assert the test left no namespace, root link, root qdisc or iptables rule behind."""
+    before = snapshot()
+    yield
+    after = snapshot()
+    assert after["netns"] == [], f"namespaces left behind: {after['netns']}"
+    assert after["root_links"] == before["root_links"], "links appeared/vanished in the root namespace"
+    assert after["root_qdiscs"] == before["root_qdiscs"], "root namespace qdiscs changed"
+    assert after["root_rules"] == before["root_rules"], "iptables rules changed in the root namespace"
+
+
+_names = itertools.count(1)
+
+
+@pytest.fixture
+def tb_name(no_leaks):
+    """A testbed name unique to this run and test; its namespaces are removed even on failure,
+    and then no_leaks (set up first, so checked last) asserts nothing is left."""
+    from inceptionn.kernel_tc.testbed import teardown
+    name = f"{SESSION_TAG}_{next(_names)}"
+    teardown(name)
+    try:
+        yield name
+    finally:
+        teardown(name)
+
+
+@pytest.fixture
+def veth_ns(no_leaks):
+    """A namespace holding a veth pair (va <-> vb), for shaping without touching real NICs;
+    removed even on failure, then checked for leaks."""
+    name = f"inc-{SESSION_TAG}-link"
+    if ns.exists(name):
+        ns.delete(name)
+    ns.create(name)
+    try:
+        with ns.ipr(name) as ipr:
+            ipr.link("add", ifname="va", kind="veth", peer="vb")
+            for ifname in ("lo", "va", "vb"):
+                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], state="up")
+        yield name
+    finally:
+        ns.delete(name)
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+def iperf3(client, server, seconds: float, *extra: str) -> dict:
+    """iperf3 from client to server host; returns {"client": ..., "server": ...} -J reports.
+
+    -O 1 leaves out the first second (slow start, the shaper's initial burst). -C cubic: a
+    loss-based sender keeps the bottleneck queue busy; the machine's default BBR estimates a
+    ~5 us minimum RTT on these delay-free links and leaves a 10 Mbit link idle now and then,
+    which measures BBR rather than the link.
+    """
+    srv = server.popen(["iperf3", "-s", "-1", "-J", "-B", server.ip], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 5
+        while True:  # wait until the server listens instead of sleeping a fixed time
+            probe = server.run(["ss", "-Htln", "sport", "= :5201"], capture_output=True, text=True)
+            if probe.stdout.strip() or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        proc = client.run(["iperf3", "-c", server.ip, "-t", str(seconds), "-O", "1", "-J",
+                           "-C", "cubic", *extra], capture_output=True, text=True,
+                          timeout=seconds + 30)
+        report = json.loads(proc.stdout)
+        assert "error" not in report, report.get("error")
+        server_out, _ = srv.communicate(timeout=10)
+        return {"client": report, "server": json.loads(server_out)}
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+
+
+def received_bps(result: dict) -> float:
+    """Receiver-side throughput (bit/s): the server's whole one-second intervals after the
+    omitted one.
+
+    iperf3's end summary also counts the last few tens of milliseconds, after the sender
+    stopped and before the end-of-test message arrived, when the link is no longer full; at
+    10 Mbit that alone moves the figure by up to 0.5%, and more on a busy machine, while every
+    whole interval reads the same to 0.01%.
+    """
+    full = [i["sum"] for i in result["server"]["intervals"]
+            if not i["sum"].get("omitted") and i["sum"]["seconds"] > 0.9]
+    assert full, "iperf3 reported no whole interval"
+    return sum(i["bytes"] for i in full) * 8 / sum(i["seconds"] for i in full)
+
+
+def summary_bps(result: dict) -> float:
+    """iperf3's own receiver-side end summary (bit/s), for comparison."""
+    return result["client"]["end"]["sum_received"]["bits_per_second"]
+
+
+def ping_loss(src, dst_ip: str, count: int) -> tuple[int, int]:
+    """Flood-ping dst_ip from host src; returns (transmitted, received)."""
+    proc = src.run(["ping", "-f", "-q", "-c", str(count), "-W", "1", dst_ip],
+                   capture_output=True, text=True, timeout=60)
+    for line in proc.stdout.splitlines():
+        if "packets transmitted" in line:
+            parts = line.split(",")
+            return int(parts[0].split()[0]), int(parts[1].split()[0])
+    raise AssertionError(f"no ping summary: {proc.stdout} {proc.stderr}")
