@@ -27,7 +27,7 @@ demo: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/inceptionn bench codec
 
-test: $(VENV)/.installed build/test_codec_san build/fuzz_inceptionn
+test: $(VENV)/.installed build/test_codec_san build/fuzz_inceptionn build/fuzz_nicd_packet
 	$(VENV)/bin/pytest -q tests
 
 # The codec's C unit test under AddressSanitizer and UndefinedBehaviorSanitizer.
@@ -43,11 +43,18 @@ build/fuzz_inceptionn: codecs_c/fuzz/fuzz_inceptionn.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -fsanitize=fuzzer $(SANITIZE) $< $(CODEC_SRC) -o $@
 
+# The soft NIC's packet transforms (they face the network): libFuzzer, ASan, UBSan.
+build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	clang $(CFLAGS_CHECK) -Idaemon -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
+
 # Bounded fuzzing run: new inputs go to build/, the seeds in tests/fuzz_corpus/ stay as they are.
-fuzz: build/fuzz_inceptionn
-	@mkdir -p build/fuzz-corpus/inceptionn
+fuzz: build/fuzz_inceptionn build/fuzz_nicd_packet
+	@mkdir -p build/fuzz-corpus/inceptionn build/fuzz-corpus/nicd
 	./build/fuzz_inceptionn -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 		build/fuzz-corpus/inceptionn tests/fuzz_corpus/inceptionn
+	./build/fuzz_nicd_packet -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+		build/fuzz-corpus/nicd tests/fuzz_corpus/nicd
 
 clean:
 	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so

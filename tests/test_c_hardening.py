@@ -1,11 +1,14 @@
-"""The codec's C code under AddressSanitizer/UndefinedBehaviorSanitizer, and a bounded libFuzzer
-run of its decoder and encoder. Both binaries are built by the Makefile (make keeps them fresh)."""
+"""The C code that faces the network under AddressSanitizer/UndefinedBehaviorSanitizer: the
+codec's unit test, and bounded libFuzzer runs of the codec (decode and encode) and of the soft
+NIC's packet transforms (restore and compress). The Makefile builds the binaries."""
 import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-FUZZ_SECONDS = int(os.environ.get("FUZZ_SECONDS", "60"))
+FUZZ_SECONDS = int(os.environ.get("FUZZ_SECONDS", "45"))  # per target
 
 
 def make(target):
@@ -21,9 +24,10 @@ def test_c_unit_test_under_asan_ubsan():
     assert "runtime error" not in r.stderr  # UBSan reports go to stderr
 
 
-def test_fuzz_codec_bounded(tmp_path):
-    binary = make("build/fuzz_inceptionn")
-    seeds = ROOT / "tests" / "fuzz_corpus" / "inceptionn"
+@pytest.mark.parametrize("target,corpus", [("fuzz_inceptionn", "inceptionn"), ("fuzz_nicd_packet", "nicd")])
+def test_fuzz_bounded(tmp_path, target, corpus):
+    binary = make(f"build/{target}")
+    seeds = ROOT / "tests" / "fuzz_corpus" / corpus
     assert any(seeds.iterdir()), "seed corpus missing"
     r = subprocess.run(
         [binary, f"-max_total_time={FUZZ_SECONDS}", "-print_final_stats=1", "-timeout=10",
@@ -33,5 +37,5 @@ def test_fuzz_codec_bounded(tmp_path):
     tail = r.stderr[-3000:]
     assert r.returncode == 0, tail
     runs = int(next(line.split(":")[-1] for line in r.stderr.splitlines() if "number_of_executed_units" in line))
-    print(f"fuzz: {runs} executions in {FUZZ_SECONDS} s")
+    print(f"{target}: {runs} executions in {FUZZ_SECONDS} s")
     assert runs > 1000, tail
