@@ -147,13 +147,13 @@ static inline uint32_t decode_field(uint32_t s, uint32_t f, unsigned w)
     return (s << 31) | (e << 23) | mant;
 }
 
-/* One group at in[0..avail). Returns its byte length, or a negative status. */
-static inline ptrdiff_t decode_group_scalar(const uint8_t *in, size_t avail, float *out,
-                                            size_t lanes)
+/* Checks the group at in[0..avail) holding `lanes` values: its tag word, its padding lanes and
+ * that it fits. Returns its byte length, or a negative status; *key_out gets the tag word. */
+static inline ptrdiff_t check_group(const uint8_t *in, size_t avail, size_t lanes, unsigned *key_out)
 {
     if (avail < 2)
         return INC_E_TRUNCATED;
-    uint16_t key = (uint16_t)(in[0] | (in[1] << 8));
+    unsigned key = (unsigned)in[0] | ((unsigned)in[1] << 8);
     size_t need = 2;
     for (unsigned j = 0; j < INC_LANES; j++) {
         unsigned t = (key >> (2 * j)) & 3;
@@ -163,6 +163,18 @@ static inline ptrdiff_t decode_group_scalar(const uint8_t *in, size_t avail, flo
     }
     if (avail < need)
         return INC_E_TRUNCATED;
+    *key_out = key;
+    return (ptrdiff_t)need;
+}
+
+/* One group at in[0..avail). Returns its byte length, or a negative status. */
+static inline ptrdiff_t decode_group_scalar(const uint8_t *in, size_t avail, float *out,
+                                            size_t lanes)
+{
+    unsigned key;
+    ptrdiff_t need = check_group(in, avail, lanes, &key);
+    if (need < 0)
+        return need;
     size_t p = 2;
     for (unsigned j = 0; j < lanes; j++) {
         uint32_t bits;
@@ -188,7 +200,7 @@ static inline ptrdiff_t decode_group_scalar(const uint8_t *in, size_t avail, flo
         }
         memcpy(&out[j], &bits, 4);
     }
-    return (ptrdiff_t)need;
+    return need;
 }
 
 int inc_decode(const uint8_t *in, size_t len, float *out, size_t n, size_t *err_at, int impl)
@@ -267,22 +279,14 @@ int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t count
     if (len > 0 && in == NULL)
         return INC_E_ARG;
     for (size_t g = 0; g < groups; g++) {
-        if (len - pos < 2)
-            return INC_E_TRUNCATED;
-        unsigned key = (unsigned)in[pos] | ((unsigned)in[pos + 1] << 8);
+        unsigned key;
         size_t lanes = n - g * INC_LANES < INC_LANES ? n - g * INC_LANES : INC_LANES;
-        size_t need = 2;
-        for (unsigned j = 0; j < INC_LANES; j++) {
-            unsigned t = (key >> (2 * j)) & 3;
-            if (j >= lanes && t != INC_0BIT)
-                return INC_E_PADDING;
-            need += lane_bytes[t];
-            if (j < lanes)
-                c[t]++;
-        }
-        if (len - pos < need)
-            return INC_E_TRUNCATED;
-        pos += need;
+        ptrdiff_t need = check_group(in + pos, len - pos, lanes, &key);
+        if (need < 0)
+            return (int)need;
+        for (unsigned j = 0; j < lanes; j++)
+            c[(key >> (2 * j)) & 3]++;
+        pos += (size_t)need;
     }
     if (pos != len)
         return INC_E_TRAILING;

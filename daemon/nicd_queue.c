@@ -58,15 +58,22 @@ static void key_of(const struct nicd_pkt *p, struct nicd_flow_key *k, int revers
     }
 }
 
+/* The queued packet's id and bytes; returns its length, or -1. */
+static int fetch(struct nfq_data *nfa, uint32_t *id, unsigned char **buf)
+{
+    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
+    *id = ph ? ntohl(ph->packet_id) : 0;
+    return nfq_get_payload(nfa, buf);
+}
+
 /* Egress: handshake marking, then compression of tagged data on negotiated flows. */
 static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
 {
     (void)msg;
     struct ctx *cx = data;
-    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
-    uint32_t id = ph ? ntohl(ph->packet_id) : 0;
+    uint32_t id;
     unsigned char *buf;
-    int len = nfq_get_payload(nfa, &buf);
+    int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
     if (cx->cfg->accept_only || len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
@@ -134,10 +141,9 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
 {
     (void)msg;
     struct ctx *cx = data;
-    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
-    uint32_t id = ph ? ntohl(ph->packet_id) : 0;
+    uint32_t id;
     unsigned char *buf;
-    int len = nfq_get_payload(nfa, &buf);
+    int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
     COUNT(cx, INGRESS_PACKETS, 1);
     if (cx->cfg->accept_only)
