@@ -117,11 +117,11 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
                                 (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->out,
                                 sizeof cx->out, cx->scratch, tiers);
-    if (r <= 0 || r == NICD_NOT_SMALLER || r == NICD_TOO_SHORT) {
-        if (r == NICD_NOT_SMALLER)
-            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
-        else
+    if (r <= NICD_TOO_SHORT) { /* not compressed: any result that is no packet length */
+        if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
+        else /* NOT_SMALLER, or the encoder found no room (E_SPACE): the same outcome */
+            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }

@@ -76,18 +76,17 @@ def install(cfg: NicdConfig) -> None:
     removed = remove_all()
     if removed:
         log.warning("removed %d stale nicd rule(s) left by an earlier run", removed)
-    installed = []
+    specs = rule_specs(cfg)
     try:
-        for spec in rule_specs(cfg):
+        for spec in specs:
             chain, rest = spec[0], spec[1:]
             # -A keeps our rules in order; a packet matching two of them (a tagged SYN-ACK)
             # goes to the same queue either way.
             _iptables("-t", "mangle", "-A", chain, *rest)
-            installed.append(spec)
     except UserError:
         remove_all()
         raise
-    log.info("installed %d netfilter rules on %s", len(installed), ", ".join(cfg.interfaces))
+    log.info("installed %d netfilter rules on %s", len(specs), ", ".join(cfg.interfaces))
 
 
 def list_ours() -> list[str]:
