@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-CODEC_SRC := codecs_c/inceptionn_codec.c codecs_c/inceptionn_codec_avx2.c
-CODEC_HDR := codecs_c/inceptionn_codec.h codecs_c/inceptionn_codec_internal.h
+# Every codec: NAME_codec.{h,c,cdef} in codecs_c/, a C unit test codecs_c/tests/test_NAME_codec.c
+# and a fuzz target codecs_c/fuzz/fuzz_NAME.c are picked up by the wildcards below.
+CODEC_SRC := $(filter-out codecs_c/_%,$(wildcard codecs_c/*.c))
+CODEC_HDR := $(wildcard codecs_c/*.h) $(wildcard codecs_c/*.cdef)
+CODEC_UNIT_TESTS := $(patsubst codecs_c/tests/test_%.c,build/test_%_san,$(wildcard codecs_c/tests/test_*.c))
+FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fuzz_*.c)) build/fuzz_nicd_packet
 DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h)
 CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -15,7 +19,7 @@ all: $(VENV)/.installed
 
 # The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
 # package metadata changes.
-$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(wildcard shim/*.c) daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
@@ -27,19 +31,19 @@ demo: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/inceptionn bench codec
 
-test: $(VENV)/.installed build/test_codec_san build/fuzz_inceptionn build/fuzz_nicd_packet
+test: $(VENV)/.installed $(CODEC_UNIT_TESTS) $(FUZZ_TARGETS)
 	$(VENV)/bin/pytest -q tests
 
-# The codec's C unit test under AddressSanitizer and UndefinedBehaviorSanitizer.
-build/test_codec_san: codecs_c/tests/test_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
+# The codecs' C unit tests under AddressSanitizer and UndefinedBehaviorSanitizer.
+build/test_%_san: codecs_c/tests/test_%.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	$(CC) $(CFLAGS_CHECK) $(SANITIZE) $< $(CODEC_SRC) -lm -o $@
 
-check-c: build/test_codec_san
-	./build/test_codec_san
+check-c: $(CODEC_UNIT_TESTS)
+	for t in $(CODEC_UNIT_TESTS); do ./$$t || exit 1; done
 
-# libFuzzer target (clang), also under ASan/UBSan.
-build/fuzz_inceptionn: codecs_c/fuzz/fuzz_inceptionn.c $(CODEC_SRC) $(CODEC_HDR)
+# libFuzzer targets (clang), also under ASan/UBSan.
+build/fuzz_%: codecs_c/fuzz/fuzz_%.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -fsanitize=fuzzer $(SANITIZE) $< $(CODEC_SRC) -o $@
 
@@ -49,12 +53,10 @@ build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daem
 	clang $(CFLAGS_CHECK) -Idaemon -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 
 # Bounded fuzzing run: new inputs go to build/, the seeds in tests/fuzz_corpus/ stay as they are.
-fuzz: build/fuzz_inceptionn build/fuzz_nicd_packet
-	@mkdir -p build/fuzz-corpus/inceptionn build/fuzz-corpus/nicd
-	./build/fuzz_inceptionn -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-		build/fuzz-corpus/inceptionn tests/fuzz_corpus/inceptionn
-	./build/fuzz_nicd_packet -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-		build/fuzz-corpus/nicd tests/fuzz_corpus/nicd
+fuzz: $(FUZZ_TARGETS)
+	for t in $(FUZZ_TARGETS); do name=$${t#build/fuzz_}; mkdir -p build/fuzz-corpus/$$name; \
+		./$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			build/fuzz-corpus/$$name tests/fuzz_corpus/$$name || exit 1; done
 
 clean:
 	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so

@@ -1,14 +1,30 @@
-"""``inceptionn bench ...``: benchmarks that print figures, side by side in one run."""
-from . import codec, nic
+"""``inceptionn bench ...``: benchmarks that print figures, side by side in one run.
+
+Each benchmark is a module here with a module docstring, ``HELP`` (one line) and
+``add_arguments(parser)`` (which sets ``func``); list it in BENCHMARKS.
+"""
+import importlib
+
+# (subcommand, module) in --help order
+BENCHMARKS = [
+    ("codec", "codec"),          # INCEPTIONN codec speed and tiers
+    ("codecs", "codecs"),        # all five codecs side by side
+    ("nic", "nic"),              # soft NIC goodput
+    ("allreduce", "allreduce"),  # ring vs gloo vs MPI
+    ("train", "train"),          # WA / INC training time and accuracy
+]
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks (codec, ...)", description=__doc__)
+    p = sub.add_parser("bench", help="benchmarks: " + ", ".join(n for n, _ in BENCHMARKS),
+                       description=__doc__.split("\n\n")[0])
     benches = p.add_subparsers(dest="bench", metavar="BENCH")
     benches.required = True
-    codec.add_arguments(benches.add_parser(
-        "codec", help="INCEPTIONN codec speed and bitwidth distribution on real gradients",
-        description=codec.__doc__))
-    nic.add_arguments(benches.add_parser(
-        "nic", help="soft NIC goodput over emulated links, with and without the daemons",
-        description=nic.__doc__))
+    for name, module_name in BENCHMARKS:
+        try:
+            module = importlib.import_module(f"{__package__}.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__package__}.{module_name}":  # not written yet
+                continue
+            raise
+        module.add_arguments(benches.add_parser(name, help=module.HELP, description=module.__doc__))

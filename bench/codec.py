@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+HELP = "INCEPTIONN codec speed and bitwidth distribution on real gradients"
+
 import json
 import sys
 

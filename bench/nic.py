@@ -9,6 +9,8 @@ no queue at all.
 """
 from __future__ import annotations
 
+HELP = "soft NIC goodput over emulated links, with and without the daemons"
+
 import json
 import os
 import statistics

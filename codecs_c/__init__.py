@@ -5,9 +5,14 @@ A codec is one file here plus one line in ``_REGISTRY``.
 from __future__ import annotations
 
 from .base import Codec
+from .memory import ErrorFeedback
 
 _REGISTRY = {
     "inceptionn": ("inceptionn", "InceptionnCodec"),
+    "terngrad": ("terngrad", "TernGradCodec"),
+    "3lc": ("threelc", "ThreeLCCodec"),
+    "thc": ("thc", "THCCodec"),
+    "fft": ("fft", "FFTCodec"),
 }
 
 
@@ -25,4 +30,4 @@ def get_codec(name: str, **params) -> Codec:
     return getattr(import_module(f"{__name__}.{module}"), cls)(**params)
 
 
-__all__ = ["Codec", "available_codecs", "get_codec"]
+__all__ = ["Codec", "ErrorFeedback", "available_codecs", "get_codec"]

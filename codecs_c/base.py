@@ -34,6 +34,21 @@ class Codec(ABC):
         """Raise ValueError when no valid stream of ``nbytes`` can hold ``n`` values, so a
         hostile count never turns into a huge allocation. Codecs with a size rule override it."""
 
+    # --- Agreement among workers (collective side) -------------------------------------------
+    # Some codecs need every worker to encode with the same parameters: TernGrad shares the max
+    # scaler, THC the max norm and the rotation seed. The collective calls ``local_stat`` on each
+    # worker, max-reduces the results over all workers (untagged control channel), and passes the
+    # result to ``agree`` together with a round number every worker knows, before any
+    # encode/decode of that round. Codecs that need nothing keep these defaults.
+    needs_agreement: bool = False
+
+    def local_stat(self, x: np.ndarray) -> float:
+        """This worker's statistic for the max-agreement of the round (only if needs_agreement)."""
+        return 0.0
+
+    def agree(self, shared: float, round_no: int) -> None:
+        """Take the max over workers of ``local_stat`` and the round number (seeds shared RNGs)."""
+
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
         """What a receiver decodes for ``x``: the basis of error feedback."""
         x = check_vector(x)

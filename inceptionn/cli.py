@@ -18,6 +18,8 @@ COMMAND_MODULES = [
     "inceptionn.bench.cli",      # bench codec, ...
     "inceptionn.kernel_tc.cli",  # link, testbed
     "inceptionn.daemon.cli",     # nicd, stats
+    "inceptionn.shim.cli",       # run, mpirun
+    "inceptionn.train.cli",      # train
 ]
 
 

@@ -1,6 +1,7 @@
-"""The C code that faces the network under AddressSanitizer/UndefinedBehaviorSanitizer: the
-codec's unit test, and bounded libFuzzer runs of the codec (decode and encode) and of the soft
-NIC's packet transforms (restore and compress). The Makefile builds the binaries."""
+"""The C code that faces the network under AddressSanitizer/UndefinedBehaviorSanitizer: every
+codec's C unit test (codecs_c/tests/test_*.c), and bounded libFuzzer runs of every codec decoder
+(codecs_c/fuzz/fuzz_*.c) and of the soft NIC's packet transforms. The Makefile builds the
+binaries; the seed corpus of fuzz_NAME is tests/fuzz_corpus/NAME."""
 import os
 import subprocess
 from pathlib import Path
@@ -8,7 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FUZZ_SECONDS = int(os.environ.get("FUZZ_SECONDS", "45"))  # per target
+FUZZ_SECONDS = int(os.environ.get("FUZZ_SECONDS", "30"))  # per target
+UNIT_TESTS = sorted(p.stem for p in (ROOT / "codecs_c" / "tests").glob("test_*.c"))
+FUZZ_TARGETS = sorted(p.stem for p in (ROOT / "codecs_c" / "fuzz").glob("fuzz_*.c")) + ["fuzz_nicd_packet"]
 
 
 def make(target):
@@ -16,18 +19,19 @@ def make(target):
     return ROOT / target
 
 
-def test_c_unit_test_under_asan_ubsan():
-    binary = make("build/test_codec_san")
+@pytest.mark.parametrize("name", UNIT_TESTS)
+def test_c_unit_test_under_asan_ubsan(name):
+    binary = make(f"build/{name}_san")
     r = subprocess.run([binary], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith(" passed, 0 failed"), r.stdout
     assert "runtime error" not in r.stderr  # UBSan reports go to stderr
 
 
-@pytest.mark.parametrize("target,corpus", [("fuzz_inceptionn", "inceptionn"), ("fuzz_nicd_packet", "nicd")])
-def test_fuzz_bounded(tmp_path, target, corpus):
+@pytest.mark.parametrize("target", FUZZ_TARGETS)
+def test_fuzz_bounded(tmp_path, target):
     binary = make(f"build/{target}")
-    seeds = ROOT / "tests" / "fuzz_corpus" / corpus
+    seeds = ROOT / "tests" / "fuzz_corpus" / target.removeprefix("fuzz_")
     assert any(seeds.iterdir()), "seed corpus missing"
     r = subprocess.run(
         [binary, f"-max_total_time={FUZZ_SECONDS}", "-print_final_stats=1", "-timeout=10",

@@ -1,0 +1,50 @@
+"""Error feedback as one reusable piece (GRACE's "Memory"), not copied into each codec.
+
+What a lossy codec drops in one round is added back before the next: the sender keeps, per
+tensor (or bucket) key, the residual ``compensated - reconstructed``, where ``reconstructed`` is
+exactly what the receiver decodes (the codec's deterministic ``roundtrip``, or the decode of the
+blob that was sent). 3LC's accumulation buffer and THC's ``e = x - RHT^-1(own quantized)`` are
+this same loop.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+
+class ErrorFeedback:
+    """Residual memory keyed by tensor name (or bucket index)."""
+
+    def __init__(self, decay: float = 1.0):
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"error-feedback decay must be in [0, 1], got {decay}")
+        self.decay = float(decay)
+        self._residual: dict[Hashable, np.ndarray] = {}
+
+    def compensate(self, key: Hashable, x: np.ndarray) -> np.ndarray:
+        """``x`` plus what was lost for ``key`` last time (a new array; ``x`` is not modified)."""
+        r = self._residual.get(key)
+        if r is None:
+            return np.array(x, dtype=np.float32, copy=True)
+        if r.shape != x.shape:
+            raise ValueError(f"error-feedback key {key!r}: shape {x.shape} differs from the stored {r.shape}")
+        return (x + r).astype(np.float32, copy=False)
+
+    def update(self, key: Hashable, compensated: np.ndarray, reconstructed: np.ndarray) -> None:
+        """Remember what the receiver will not see: ``compensated - reconstructed``."""
+        if compensated.shape != reconstructed.shape:
+            raise ValueError("compensated and reconstructed differ in shape")
+        r = np.subtract(compensated, reconstructed, dtype=np.float32)
+        if self.decay != 1.0:
+            r *= np.float32(self.decay)
+        self._residual[key] = r
+
+    def residual(self, key: Hashable) -> np.ndarray | None:
+        return self._residual.get(key)
+
+    def reset(self) -> None:
+        self._residual.clear()
+
+    def __len__(self) -> int:
+        return len(self._residual)
