@@ -13,6 +13,7 @@ APT_PACKAGES=(
   clang libclang-rt-14-dev                               # libFuzzer + sanitizers
   iproute2 iptables iputils-ping ethtool iperf3          # testbed, rules, link checks
   libnetfilter-queue-dev                                 # the soft NIC's queue
+  openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
   systemd                                                # systemd-analyze checks the unit
 )
 
