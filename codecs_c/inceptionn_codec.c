@@ -8,7 +8,6 @@
 
 #include <string.h>
 
-static const uint8_t lane_bytes[4] = {0, 1, 2, 4};
 
 size_t inc_max_encoded_size(size_t n)
 {
@@ -154,13 +153,12 @@ static inline ptrdiff_t check_group(const uint8_t *in, size_t avail, size_t lane
     if (avail < 2)
         return INC_E_TRUNCATED;
     unsigned key = (unsigned)in[0] | ((unsigned)in[1] << 8);
-    size_t need = 2;
-    for (unsigned j = 0; j < INC_LANES; j++) {
-        unsigned t = (key >> (2 * j)) & 3;
-        if (j >= lanes && t != INC_0BIT)
-            return INC_E_PADDING;
-        need += lane_bytes[t];
-    }
+    if (lanes < INC_LANES && (key >> (2 * lanes)) != 0)
+        return INC_E_PADDING; /* lanes past n must be 0BIT */
+    /* Payload bytes from the lane counts per tag, without a loop over the lanes. */
+    unsigned lo = key & 0x5555u, hi = (key >> 1) & 0x5555u;
+    size_t need = 2 + (size_t)__builtin_popcount(lo & ~hi) + 2 * (size_t)__builtin_popcount(hi & ~lo) +
+                  4 * (size_t)__builtin_popcount(lo & hi);
     if (avail < need)
         return INC_E_TRUNCATED;
     *key_out = key;
@@ -284,8 +282,10 @@ int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t count
         ptrdiff_t need = check_group(in + pos, len - pos, lanes, &key);
         if (need < 0)
             return (int)need;
-        for (unsigned j = 0; j < lanes; j++)
-            c[(key >> (2 * j)) & 3]++;
+        unsigned lo = key & 0x5555u, hi = (key >> 1) & 0x5555u;
+        unsigned n8 = (unsigned)__builtin_popcount(lo & ~hi), n16 = (unsigned)__builtin_popcount(hi & ~lo),
+                 n32 = (unsigned)__builtin_popcount(lo & hi);
+        c[1] += n8, c[2] += n16, c[3] += n32, c[0] += lanes - n8 - n16 - n32;
         pos += (size_t)need;
     }
     if (pos != len)

@@ -10,7 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/nfnetlink_queue.h>
+#include <linux/netlink.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include "nicd_flows.h"
 #include "nicd_packet.h"
@@ -27,11 +31,35 @@
 #define NETLINK_NO_ENOBUFS 5
 #endif
 
+/* Verdicts are batched: up to BATCH verdict messages (or BATCH_BYTES of rewritten packets) go
+ * to the kernel in one sendmsg, flushed whenever the socket has nothing more to read, so an idle
+ * queue adds no latency. Each pending verdict owns one output slot until the flush. */
+#define BATCH 32
+#define BATCH_BYTES (192 * 1024)
+#define RECV_MSGS 16
+#define RECV_BUF (NICD_MAX_PACKET + 4096) /* one queued packet plus its netlink attributes */
+
+/* One NFQNL_MSG_VERDICT message up to the payload attribute's data (all 4-byte aligned). */
+struct verdict_msg {
+    struct nlmsghdr nlh;
+    struct nfgenmsg nfg;
+    struct nlattr vattr;
+    struct nfqnl_msg_verdict_hdr vh;
+    struct nlattr pattr;
+};
+
 struct ctx {
     struct nicd_config *cfg;
     struct nicd_stats *st;
-    uint8_t out[NICD_MAX_PACKET + 64];
+    int fd;
+    uint16_t queue;    /* the queue of the packet being handled */
+    int n;             /* pending verdicts */
+    size_t bytes;      /* ... and their size */
+    struct verdict_msg msg[BATCH];
+    struct iovec iov[BATCH * 3];
+    int niov;
     float scratch[16384 + 16];
+    uint8_t out[BATCH][NICD_MAX_PACKET + 64];
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -41,11 +69,49 @@ static int dscp_is(uint8_t tos, uint8_t mark)
     return (tos & 0xFC) == (mark & 0xFC);
 }
 
+static void flush(struct ctx *cx)
+{
+    if (!cx->n)
+        return;
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    struct msghdr mh = {.msg_name = &kernel, .msg_namelen = sizeof kernel,
+                        .msg_iov = cx->iov, .msg_iovlen = (size_t)cx->niov};
+    if (sendmsg(cx->fd, &mh, 0) < 0)
+        COUNT(cx, VERDICT_ERRORS, cx->n);
+    cx->n = 0, cx->niov = 0, cx->bytes = 0;
+}
+
+/* The output slot a callback may rewrite the current packet into. */
+#define OUT(cx) ((cx)->out[(cx)->n])
+
+/* Queue a verdict; buf, if given, is the rewritten packet and must be OUT(cx). */
 static int verdict(struct nfq_q_handle *qh, uint32_t id, uint32_t v, const uint8_t *buf,
                    size_t len, struct ctx *cx)
 {
-    if (nfq_set_verdict(qh, id, v, (uint32_t)len, buf) < 0)
-        COUNT(cx, VERDICT_ERRORS, 1);
+    (void)qh;
+    static const uint8_t pad[4];
+    struct verdict_msg *m = &cx->msg[cx->n];
+    size_t hdr = buf ? sizeof *m : offsetof(struct verdict_msg, pattr);
+    size_t padded = buf ? NLMSG_ALIGN(hdr + len) : hdr;
+    *m = (struct verdict_msg){
+        .nlh = {.nlmsg_len = (uint32_t)(buf ? hdr + len : hdr),
+                .nlmsg_type = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_VERDICT,
+                .nlmsg_flags = NLM_F_REQUEST},
+        .nfg = {.nfgen_family = AF_UNSPEC, .version = NFNETLINK_V0, .res_id = htons(cx->queue)},
+        .vattr = {.nla_len = sizeof m->vattr + sizeof m->vh, .nla_type = NFQA_VERDICT_HDR},
+        .vh = {.verdict = htonl(v), .id = htonl(id)},
+        .pattr = {.nla_len = (uint16_t)(sizeof m->pattr + len), .nla_type = NFQA_PAYLOAD},
+    };
+    cx->iov[cx->niov++] = (struct iovec){m, hdr};
+    if (buf) {
+        cx->iov[cx->niov++] = (struct iovec){(void *)buf, len};
+        if (padded > hdr + len)
+            cx->iov[cx->niov++] = (struct iovec){(void *)pad, padded - hdr - len};
+    }
+    cx->n++;
+    cx->bytes += padded;
+    if (cx->n == BATCH || cx->bytes >= BATCH_BYTES)
+        flush(cx);
     return 0;
 }
 
@@ -75,6 +141,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     unsigned char *buf;
     int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
+    cx->queue = cx->cfg->egress_queue;
     if (cx->cfg->accept_only || len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
     COUNT(cx, EGRESS_PACKETS, 1);
@@ -88,19 +155,19 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
             COUNT(cx, FLOW_TABLE_FULL, 1);
             return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
         }
-        memcpy(cx->out, buf, p.len);
-        nicd_set_tos(cx->out, (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
+        memcpy(OUT(cx), buf, p.len);
+        nicd_set_tos(OUT(cx), (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
         COUNT(cx, HELLO_SENT, 1);
-        return verdict(qh, id, NF_ACCEPT, cx->out, p.len, cx);
+        return verdict(qh, id, NF_ACCEPT, OUT(cx), p.len, cx);
     }
     if (syn == (TCP_SYN | TCP_ACK)) {
         /* Answer a peer's hello: from here both ends of this flow run the soft NIC. */
         if (nicd_flows_advance(&k, NICD_FLOW_PEER_HELLO, NICD_FLOW_NEGOTIATED, p.seq, 1)) {
-            memcpy(cx->out, buf, p.len);
-            nicd_set_tos(cx->out, (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
+            memcpy(OUT(cx), buf, p.len);
+            nicd_set_tos(OUT(cx), (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
             COUNT(cx, HELLO_SENT, 1);
             COUNT(cx, FLOWS_NEGOTIATED, 1);
-            return verdict(qh, id, NF_ACCEPT, cx->out, p.len, cx);
+            return verdict(qh, id, NF_ACCEPT, OUT(cx), p.len, cx);
         }
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
@@ -115,8 +182,8 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
-                                (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->out,
-                                sizeof cx->out, cx->scratch, tiers);
+                                (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), OUT(cx),
+                                sizeof OUT(cx), cx->scratch, tiers);
     if (r <= NICD_TOO_SHORT) { /* not compressed: any result that is no packet length */
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -132,7 +199,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     COUNT(cx, TIER8, tiers[1]);
     COUNT(cx, TIER16, tiers[2]);
     COUNT(cx, TIER32, tiers[3]);
-    return verdict(qh, id, NF_ACCEPT, cx->out, (size_t)r, cx);
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
 /* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
@@ -145,6 +212,7 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     unsigned char *buf;
     int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
+    cx->queue = cx->cfg->ingress_queue;
     COUNT(cx, INGRESS_PACKETS, 1);
     if (cx->cfg->accept_only)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
@@ -169,15 +237,15 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
             COUNT(cx, FLOWS_NEGOTIATED, 1);
         }
         /* Hand the stack the application's own mark back. */
-        memcpy(cx->out, buf, p.len);
-        nicd_set_tos(cx->out, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged));
-        return verdict(qh, id, NF_ACCEPT, cx->out, p.len, cx);
+        memcpy(OUT(cx), buf, p.len);
+        nicd_set_tos(OUT(cx), (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged));
+        return verdict(qh, id, NF_ACCEPT, OUT(cx), p.len, cx);
     }
     if (!dscp_is(p.tos, cx->cfg->tos_compressed)) /* the rules queue nothing else */
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
-    ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged), cx->out,
-                               sizeof cx->out, cx->scratch);
+    ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged), OUT(cx),
+                               sizeof OUT(cx), cx->scratch);
     if (r < 0) {
         switch (r) {
         case NICD_E_CHECKSUM: COUNT(cx, DROP_CHECKSUM, 1); break;
@@ -192,7 +260,7 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     COUNT(cx, INGRESS_RESTORED, 1);
     COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len);
     COUNT(cx, INGRESS_ORIG_BYTES, (size_t)r - p.payload_off);
-    return verdict(qh, id, NF_ACCEPT, cx->out, (size_t)r, cx);
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
 static int fail(char *err, size_t errlen, const char *what, int e)
@@ -204,7 +272,7 @@ static int fail(char *err, size_t errlen, const char *what, int e)
 int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t errlen)
 {
     struct ctx *cx = calloc(1, sizeof *cx);
-    char *rbuf = malloc(256 * 1024);
+    char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -239,8 +307,16 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     /* Egress may fail open (a full queue lets the packet leave raw); ingress never does. */
     nfq_set_queue_flags(qe, NFQA_CFG_F_FAIL_OPEN, NFQA_CFG_F_FAIL_OPEN);
     int fd = nfq_fd(h);
-    int bufsize = 8 << 20, one = 1;
+    int bufsize = 8 << 20, sndsize = 2 * BATCH_BYTES + (1 << 20), one = 1;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize); /* a whole batch */
+    cx->fd = fd;
+    struct mmsghdr mm[RECV_MSGS];
+    struct iovec rio[RECV_MSGS];
+    for (int i = 0; i < RECV_MSGS; i++) {
+        rio[i] = (struct iovec){rbuf + (size_t)i * RECV_BUF, RECV_BUF};
+        mm[i] = (struct mmsghdr){.msg_hdr = {.msg_iov = &rio[i], .msg_iovlen = 1}};
+    }
     setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
 
     cfg->ready = 1;
@@ -253,18 +329,21 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         }
         if (pr <= 0)
             continue;
-        /* Drain what is there before polling again: one poll, many packets. */
+        /* Drain what is there before polling again: one poll, many packets, several per
+         * system call; the verdicts go back in batches. */
         for (;;) {
-            ssize_t n = recv(fd, rbuf, 256 * 1024, MSG_DONTWAIT);
-            if (n < 0) {
+            int got = recvmmsg(fd, mm, RECV_MSGS, MSG_DONTWAIT, NULL);
+            if (got < 0) {
                 if (errno == ENOBUFS) {
                     COUNT(cx, RECV_ENOBUFS, 1);
                     continue;
                 }
                 break; /* EAGAIN: drained */
             }
-            nfq_handle_packet(h, rbuf, (int)n);
+            for (int i = 0; i < got; i++)
+                nfq_handle_packet(h, rio[i].iov_base, (int)mm[i].msg_len);
         }
+        flush(cx);
     }
     rc = 0;
 out:
