@@ -59,7 +59,7 @@ fuzz: $(FUZZ_TARGETS)
 			build/fuzz-corpus/$$name tests/fuzz_corpus/$$name || exit 1; done
 
 clean:
-	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so
+	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so daemon/*.so shim/*.so
 
 # C perf harness (synthetic data, no Python): ./build/bench_codec [n] [log10 scale] [k]
 build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)

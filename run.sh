@@ -15,6 +15,7 @@ APT_PACKAGES=(
   libnetfilter-queue-dev                                 # the soft NIC's queue
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
   systemd                                                # systemd-analyze checks the unit
+  strace                                                 # the shim test: no extra syscalls untagged
 )
 
 missing=()

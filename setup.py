@@ -1,4 +1,20 @@
-# Only what pyproject.toml cannot say: the cffi extension build.
-from setuptools import setup
+# Only what pyproject.toml cannot say: the C parts.
+#  - cffi extensions: the codecs and the soft NIC's data path
+#  - the tagging shim's LD_PRELOAD library, built as an extension module file so that every
+#    install (editable or wheel) puts it beside inceptionn.shim; it is never imported, only
+#    found by inceptionn.shim.run.preload_library() and handed to the dynamic loader
+from setuptools import Extension, setup
 
-setup(cffi_modules=["codecs_c/build_ffi.py:ffibuilder", "daemon/build_ffi.py:ffibuilder"])
+tag_preload = Extension(
+    "inceptionn.shim._tagpreload",
+    sources=["shim/inceptionn_tag.c"],
+    include_dirs=["shim"],
+    depends=["shim/inceptionn_tag.h"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden"],
+    libraries=["dl"],
+)
+
+setup(
+    cffi_modules=["codecs_c/build_ffi.py:ffibuilder", "daemon/build_ffi.py:ffibuilder"],
+    ext_modules=[tag_preload],
+)

@@ -1,0 +1,455 @@
+"""``inceptionn mpirun``: OpenMPI's mpirun with the tagging library in every rank.
+
+    inceptionn mpirun --tag port=23000-23099 --testbed tb -np 4 -- ./train
+
+What it adds to the real mpirun:
+
+- ``-x LD_PRELOAD=<library> -x INCEPTIONN_TAG=<policy>`` (and the log setting): the ranks get
+  the library and the policy; mpirun and the orted daemons never do (their out-of-band sockets
+  can never be tagged).
+- MCA parameters: the ob1 PML over the TCP BTL (no UCX or OFI, whose sockets nobody pinned),
+  the BTL's listening ports pinned to ``--btl-ports`` (IPv4 and IPv6), interface selection
+  (``--iface``, the testbed's network by default). Whatever the user passes with --mca wins.
+- The contract check: only gradient sockets may be tagged, never MPI's. The policy must use
+  port selectors (or ``none``), and its ports must not overlap the BTL's; a policy overlapping
+  the ephemeral port range (where MPI's unpinned listeners, such as the PMIx server on
+  127.0.0.1, get their ports) draws a warning.
+- Root: OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM) when run as root.
+- ``--testbed NAME``: one slot per testbed host (``--slots``), mpirun itself runs in the first
+  host, and an rsh agent (rsh_agent.py) enters each host's network namespace with its own UTS
+  namespace and host name. No /etc/hosts entry is needed: hosts are given by address.
+- Before launch, one line per host on stderr: whether the soft NIC (nicd) runs there, read from
+  its netfilter rules and the bound NFQUEUE queues of that host's namespace.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inceptionn.errors import UserError
+
+from .policy import Policy, check_log
+from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
+
+DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-60999)
+NICD_COMMENT = "inceptionn-nicd"     # daemon/rules.py marks every rule it installs with it
+
+# wrapper option -> takes a value
+OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
+           "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False}
+HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
+             "-default-hostfile", "--default-hostfile"}
+
+USAGE = "inceptionn mpirun [--tag POLICY] [--testbed NAME] [options] [mpirun args] -- PROG ARGS..."
+HELP = f"""usage: {USAGE}
+
+Run OpenMPI's mpirun with the tagging library preloaded into every rank, so the job's gradient
+sockets carry ToS 0x28 and MPI's own sockets do not (see docs/shim.md).
+
+wrapper options (anywhere before the --; everything else before it goes to mpirun):
+  --tag POLICY        what to tag (default: $INCEPTIONN_TAG): port selectors only, e.g.
+                      port=23000-23099, or none (only what the program tags itself)
+  --log DEST          the library's log in every rank: 1 (tagged sockets, stderr), 2 (also
+                      untagged ones and why), /PATH (appended), or LEVEL:/PATH
+  --testbed NAME      launch on the hosts of testbed NAME (`inceptionn testbed up`)
+  --slots N           ranks per testbed host (default 1)
+  --iface IF|CIDR     network for MPI's TCP traffic (btl/oob_tcp_if_include; default with
+                      --testbed: the testbed's network)
+  --btl-ports LO-HI   ports of MPI's TCP BTL listeners (default {DEFAULT_BTL_PORTS[0]}-{DEFAULT_BTL_PORTS[1]}); must
+                      not overlap the tag policy
+  --mpirun PATH       the real mpirun (default: mpirun on PATH)
+  --dry-run           print the soft NIC report and the command, launch nothing
+  --json              with --dry-run: print them as JSON
+  -h, --help          this help
+
+Before launching, prints one line per host on stderr: whether the soft NIC runs there.
+Without --testbed only this host is checked.
+
+example:
+  inceptionn mpirun --tag port=23000-23099 --testbed tb -np 4 -- ./train --epochs 3
+"""
+
+
+@dataclass
+class Options:
+    tag: str | None = None
+    log: str | None = None
+    testbed: str | None = None
+    slots: int = 1
+    iface: str | None = None
+    btl_ports: tuple[int, int] = DEFAULT_BTL_PORTS
+    mpirun: str | None = None
+    dry_run: bool = False
+    json: bool = False
+    help: bool = False
+    mpirun_args: list[str] = field(default_factory=list)
+    program: list[str] = field(default_factory=list)
+
+
+def parse_args(rest: list[str]) -> Options:
+    """Split ``[wrapper options and mpirun args] -- PROG ARGS`` (wrapper options are only ever
+    recognised by their exact names, which mpirun does not use)."""
+    opts = Options()
+    if "--" in rest:
+        cut = rest.index("--")
+        before, opts.program = rest[:cut], rest[cut + 1:]
+    else:
+        before = rest
+    values: dict[str, str | bool] = {}
+    i = 0
+    while i < len(before):
+        arg = before[i]
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if arg in ("-h", "--help"):
+            opts.help = True
+        elif name in OPTIONS:
+            if name in values:
+                raise UserError(f"{name} given twice")
+            if OPTIONS[name]:
+                if not eq:
+                    i += 1
+                    if i == len(before):
+                        raise UserError(f"{name} needs a value (see inceptionn mpirun --help)")
+                    value = before[i]
+                values[name] = value
+            else:
+                if eq:
+                    raise UserError(f"{name} takes no value")
+                values[name] = True
+        else:
+            opts.mpirun_args.append(arg)
+        i += 1
+    if opts.help:
+        return opts
+    if "--" not in rest:
+        raise UserError(f"put -- before the program: {USAGE}")
+    if not opts.program:
+        raise UserError(f"no program after --: {USAGE}")
+    opts.tag = values.get("--tag")
+    opts.log = check_log(values["--log"]) if "--log" in values else None
+    opts.testbed = values.get("--testbed")
+    opts.iface = values.get("--iface")
+    opts.mpirun = values.get("--mpirun")
+    opts.dry_run = bool(values.get("--dry-run"))
+    opts.json = bool(values.get("--json"))
+    if opts.json and not opts.dry_run:
+        raise UserError("--json goes with --dry-run (a running job's output is the program's own)")
+    if "--slots" in values:
+        if not re.fullmatch(r"[0-9]{1,4}", values["--slots"]) or int(values["--slots"]) < 1:
+            raise UserError(f"bad --slots {values['--slots']!r}: a number of ranks per host, at least 1")
+        opts.slots = int(values["--slots"])
+        if not opts.testbed:
+            raise UserError("--slots goes with --testbed (elsewhere, give slots to mpirun: --host a:2,b:2)")
+    if "--btl-ports" in values:
+        opts.btl_ports = _port_range(values["--btl-ports"], "--btl-ports")
+    if opts.iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:/-]{1,64}", opts.iface):
+        raise UserError(f"bad --iface {opts.iface!r}: an interface name or a network like 198.18.0.0/24")
+    return opts
+
+
+def _port_range(text: str, what: str) -> tuple[int, int]:
+    m = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", text)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)) <= 65535:
+        raise UserError(f"bad {what} {text!r}: use LO-HI with 1 <= LO <= HI <= 65535")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _user_mca(args: list[str]) -> dict[str, str]:
+    """MCA parameters the user passes to mpirun (--mca/-mca/--gmca/-gmca NAME VALUE)."""
+    found = {}
+    for i, arg in enumerate(args):
+        if arg in ("--mca", "-mca", "--gmca", "-gmca") and i + 2 < len(args):
+            found[args[i + 1]] = args[i + 2]
+    return found
+
+
+def _exported(args: list[str]) -> set[str]:
+    """Names of the variables the user exports with -x."""
+    names = set()
+    for i, arg in enumerate(args):
+        if arg in ("-x", "--x") and i + 1 < len(args):
+            names.add(args[i + 1].split("=", 1)[0])
+    return names
+
+
+# --- the contract ---------------------------------------------------------------------------------
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def check_contract(policy: Policy, btl_ports: tuple[int, int]) -> None:
+    """Refuse a policy that would tag MPI's own sockets."""
+    if policy.selects_all:
+        raise UserError("--tag all would tag MPI's own TCP sockets too (its BTL connections carry "
+                        "headers that lossy compression destroys): tag the gradient sockets by port "
+                        "(port=, lport=, rport=) or use none and tag them in the program")
+    if policy.nets():
+        raise UserError("--tag net= would tag MPI's own TCP sockets to those peers too: under mpirun, "
+                        "tag the gradient sockets by port (port=, lport=, rport=) or use none")
+    for term, lo, hi in _port_terms(policy):
+        if _overlap((lo, hi), btl_ports):
+            raise UserError(f"tag policy {term} overlaps the ports of MPI's TCP BTL "
+                            f"({btl_ports[0]}-{btl_ports[1]}): MPI's own sockets would be tagged; use "
+                            "other gradient ports, or move MPI's with --btl-ports LO-HI")
+
+
+def ephemeral_warnings(policy: Policy, ephemeral: dict[str, tuple[int, int]]) -> list[str]:
+    """Warnings for port selectors inside a host's ephemeral port range."""
+    warnings = []
+    for term, lo, hi in _port_terms(policy):
+        for where, eph in ephemeral.items():
+            if _overlap((lo, hi), eph):
+                warnings.append(f"tag policy {term} overlaps the ephemeral port range "
+                                f"{eph[0]}-{eph[1]} of {where}: a socket listening on port 0 (such "
+                                "as OpenMPI's PMIx server on 127.0.0.1) may get a port in it and "
+                                f"be tagged; gradient ports below {eph[0]} are safe")
+    return warnings
+
+
+def _port_terms(policy: Policy):
+    for kind, lo, hi in policy.port_ranges():
+        yield (f"{kind}={lo}" if lo == hi else f"{kind}={lo}-{hi}"), lo, hi
+
+
+# --- is the soft NIC running? -----------------------------------------------------------------------
+
+_PROBE = ("iptables -w 5 -t mangle -S 2>&1; echo @@inceptionn@@; "
+          "cat /proc/net/netfilter/nfnetlink_queue 2>/dev/null; echo @@inceptionn@@; "
+          "cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null")
+
+
+def nic_status(host=None) -> dict:
+    """Whether nicd runs in ``host``'s namespace (None: here): its rules are installed and every
+    queue they feed has a listener. Also reads the namespace's ephemeral port range."""
+    argv = ["sh", "-c", _PROBE]
+    try:
+        out = subprocess.run(host.command(argv) if host else argv, capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"state": "unknown", "running": False, "detail": f"cannot check: {exc}"}
+    parts = out.split("@@inceptionn@@")
+    rules_text, queues_text, eph_text = (parts + ["", "", ""])[:3]
+    status: dict = {"ephemeral_ports": None}
+    eph = eph_text.split()
+    if len(eph) == 2 and all(x.isdigit() for x in eph):
+        status["ephemeral_ports"] = [int(eph[0]), int(eph[1])]
+    if "Permission denied" in rules_text or "you must be root" in rules_text:
+        status.update(state="unknown", running=False, detail="cannot read netfilter rules (needs root)")
+        return status
+    rules = [ln for ln in rules_text.splitlines() if ln.startswith("-A ") and f"--comment {NICD_COMMENT}" in ln]
+    queues, ifaces = set(), []
+    for ln in rules:
+        words = ln.split()
+        for flag, value in zip(words, words[1:]):
+            if flag == "--queue-num":
+                queues.add(int(value))
+            elif flag == "--queue-balance":
+                lo, _, hi = value.partition(":")
+                queues.update(range(int(lo), int(hi or lo) + 1))
+            elif flag in ("-o", "-i") and value not in ifaces:
+                ifaces.append(value)
+    bound = {int(ln.split()[0]) for ln in queues_text.splitlines() if ln.split() and ln.split()[0].isdigit()}
+    status.update(interfaces=ifaces, queues=sorted(queues))
+    if not rules:
+        status.update(state="stopped", running=False,
+                      detail="soft NIC not running: tagged packets leave this host uncompressed")
+    elif queues - bound:
+        missing = sorted(queues - bound)
+        status.update(state="stale", running=False,
+                      detail=f"soft NIC not running: its rules are left but no daemon reads "
+                             f"queue{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                             "(`inceptionn nicd --cleanup` removes them)")
+    else:
+        status.update(state="running", running=True,
+                      detail=f"soft NIC running ({', '.join(ifaces)}; queues {_ranges(sorted(queues))})")
+    return status
+
+
+def _ranges(nums: list[int]) -> str:
+    return f"{nums[0]}-{nums[-1]}" if nums and nums == list(range(nums[0], nums[-1] + 1)) and len(nums) > 1 \
+        else ",".join(str(n) for n in nums)
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+def _real_mpirun(path: str | None) -> str:
+    exe = shutil.which(path or "mpirun")
+    if not exe:
+        raise UserError(f"{path or 'mpirun'} not found (OpenMPI: apt-get install openmpi-bin)")
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"cannot run {exe} --version: {exc}") from None
+    if "Open MPI" not in out:
+        first = (out.strip().splitlines() or ["no version output"])[0]
+        raise UserError(f"{exe} is not OpenMPI's mpirun ({first}); this wrapper drives OpenMPI")
+    return exe
+
+
+@dataclass
+class Plan:
+    policy: Policy
+    argv: list[str]                  # what runs (mpirun, or the namespace prefix and mpirun)
+    mpirun_argv: list[str]
+    env: dict[str, str]              # added to this environment
+    hosts: list[dict]
+    warnings: list[str]
+    testbed: str | None
+    tmpdir: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"testbed": self.testbed, "policy": self.policy.canonical, "hosts": self.hosts,
+                "warnings": self.warnings, "env": self.env, "mpirun": self.mpirun_argv, "argv": self.argv}
+
+
+def plan(opts: Options, materialize: bool = True) -> Plan:
+    """Everything about the launch; with materialize, also the rsh agent's files (the caller
+    removes Plan.tmpdir)."""
+    policy = policy_arg(opts.tag, "mpirun")
+    user_mca = _user_mca(opts.mpirun_args)
+    exported = _exported(opts.mpirun_args)
+    clash = exported & {"LD_PRELOAD", ENV_POLICY, ENV_LOG}
+    if clash:
+        raise UserError(f"do not pass -x {sorted(clash)[0]}: the wrapper sets it (use --tag and --log)")
+    btl = opts.btl_ports
+    for family in ("v4", "v6"):   # what the BTL will use, the user's --mca values included
+        try:
+            lo = int(user_mca.get(f"btl_tcp_port_min_{family}", btl[0]))
+            n = int(user_mca.get(f"btl_tcp_port_range_{family}", btl[1] - btl[0] + 1))
+        except ValueError:
+            raise UserError(f"btl_tcp_port_min_{family} and btl_tcp_port_range_{family} must be numbers") from None
+        check_contract(policy, (lo, min(lo + n - 1, 65535)))
+    mpirun = _real_mpirun(opts.mpirun)
+
+    testbed = None
+    hosts: list[dict] = []
+    if opts.testbed:
+        from inceptionn.kernel_tc.testbed import Testbed
+        testbed = Testbed.attach(opts.testbed)
+        if not testbed.hosts or any(h.ip is None for h in testbed.hosts):
+            raise UserError(f"testbed {opts.testbed!r} has hosts without an address; recreate it")
+        targets = testbed.hosts
+    else:
+        targets = [None]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = list(pool.map(nic_status, targets))
+    for h, st in zip(targets, statuses):
+        name = h.name if h else socket.gethostname()
+        hosts.append({"name": name, "address": h.ip if h else None, "netns": h.netns if h else None,
+                      "nic": st})
+    ephemeral = {}
+    for entry in hosts:
+        eph = entry["nic"].get("ephemeral_ports")
+        if eph:
+            ephemeral.setdefault(tuple(eph), entry["name"])
+    warnings = ephemeral_warnings(policy, {f"host {w}": r for r, w in ephemeral.items()})
+    if user_mca.get("pml", "ob1") != "ob1":
+        warnings.append(f"pml {user_mca['pml']}: its TCP sockets are not pinned to --btl-ports, so a "
+                        "port policy may catch them")
+
+    mca = [("pml", "ob1"), ("btl", "tcp,vader,self"),
+           ("btl_tcp_port_min_v4", str(btl[0])), ("btl_tcp_port_range_v4", str(btl[1] - btl[0] + 1)),
+           ("btl_tcp_port_min_v6", str(btl[0])), ("btl_tcp_port_range_v6", str(btl[1] - btl[0] + 1))]
+    iface = opts.iface or (str(testbed.network) if testbed else None)
+    if iface:
+        mca += [("btl_tcp_if_include", iface), ("oob_tcp_if_include", iface)]
+    tmpdir = None
+    env: dict[str, str] = {}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    rank_env = preload_env(policy, opts.log)
+    host_args: list[str] = []
+    if testbed:
+        tmpdir = tempfile.mkdtemp(prefix="inceptionn-mpirun-") if materialize else None
+        agent = Path(tmpdir or "/tmp/inceptionn-mpirun-XXXXXX") / "rsh-agent"
+        hostmap = agent.with_name("hosts.json")
+        if materialize:
+            entries = {}
+            for h in testbed.hosts:
+                prefix = h.command([], hostname=h.name)
+                entries[h.ip] = entries[h.name] = prefix
+            hostmap.write_text(json.dumps(entries, indent=1))
+            script = Path(__file__).resolve().with_name("rsh_agent.py")
+            agent.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I {shlex.quote(str(script))} \"$@\"\n")
+            agent.chmod(0o755)
+        env["INCEPTIONN_RSH_MAP"] = str(hostmap)
+        mca += [("plm_rsh_agent", str(agent)), ("plm_rsh_no_tree_spawn", "1")]
+        if not HOST_ARGS & set(opts.mpirun_args):
+            host_args = ["--host", ",".join(f"{h.ip}:{opts.slots}" for h in testbed.hosts)]
+    mpirun_argv = [mpirun]
+    for name, value in mca:
+        if name not in user_mca:
+            mpirun_argv += ["--mca", name, value]
+    for key, value in rank_env.items():
+        mpirun_argv += ["-x", f"{key}={value}"]
+    mpirun_argv += host_args + opts.mpirun_args + opts.program
+    argv = testbed.hosts[0].command(mpirun_argv, hostname=testbed.hosts[0].name) if testbed else mpirun_argv
+    return Plan(policy=policy, argv=argv, mpirun_argv=mpirun_argv, env=env, hosts=hosts,
+                warnings=warnings, testbed=testbed.name if testbed else None, tmpdir=tmpdir)
+
+
+def report_lines(p: Plan) -> list[str]:
+    where = f"testbed {p.testbed}, {len(p.hosts)} host(s)" if p.testbed else "this host only (others are not checked)"
+    lines = [f"inceptionn mpirun: {where}; tag policy {p.policy.canonical}"]
+    width = max(len(h["name"]) for h in p.hosts)
+    for h in p.hosts:
+        addr = f" {h['address']:<15}" if h["address"] else ""
+        lines.append(f"  {h['name']:<{width}}{addr}  {h['nic']['detail']}")
+    lines += [f"inceptionn: warning: {w}" for w in p.warnings]
+    return lines
+
+
+def run(rest: list[str]) -> int:
+    opts = parse_args(rest)
+    if opts.help:
+        print(HELP, end="")
+        return 0
+    p = plan(opts, materialize=not opts.dry_run)
+    try:
+        if opts.dry_run:
+            if opts.json:
+                print(json.dumps(p.to_dict(), indent=2))
+            else:
+                print("\n".join(report_lines(p)))
+                env = [f"{k}={shlex.quote(v)}" for k, v in p.env.items()]
+                print(" ".join(["env", *env] if env else []) + (" " if env else "")
+                      + " ".join(shlex.quote(a) for a in p.argv))
+            return 0
+        print("\n".join(report_lines(p)), file=sys.stderr, flush=True)
+        return _launch(p)
+    finally:
+        if p.tmpdir:
+            shutil.rmtree(p.tmpdir, ignore_errors=True)
+
+
+def _launch(p: Plan) -> int:
+    env = dict(os.environ)
+    env.update(p.env)
+    try:
+        proc = subprocess.Popen(p.argv, env=env)
+    except OSError as exc:
+        raise UserError(f"cannot start {p.argv[0]}: {exc.strerror}") from None
+    # mpirun tears the job down on a signal and exits: wait for that. Ctrl-C reaches mpirun
+    # from the terminal already (same process group), and a second SIGINT would make it skip
+    # its cleanup, so SIGINT is not passed on; SIGTERM and SIGHUP, sent to us alone, are.
+    forward = lambda sig, frame: proc.send_signal(sig)  # noqa: E731
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, lambda sig, frame: None)}
+    old.update({s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)})
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return rc if rc >= 0 else 128 - rc
