@@ -1,0 +1,156 @@
+/*
+ * libFuzzer target for the THC codec. Byte 0 picks the mode (mod 3):
+ *   0 decode: bytes 1-2 are the value count n (little-endian), the rest is a blob copied to an
+ *     exactly-sized buffer. thc_decode and thc_decode_rotated must agree on the status; a
+ *     decoded value must be finite.
+ *   1 sum:    bytes 1-2 n, byte 3 the width selector, bytes 4-5 the length of the first blob;
+ *     the rest splits into two blobs. thc_sum must not crash; a sum it produces must decode.
+ *   2 encode: byte 1 picks b and g, the rest are float bit patterns. Encoding must succeed (or
+ *     refuse a non-finite value) and the blob must decode and sum with itself.
+ * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
+ */
+#include "thc_codec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const uint8_t T4[16] = {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30};
+
+static int finite(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x7F800000u) != 0x7F800000u;
+}
+
+static uint8_t *exact(const uint8_t *src, size_t len)
+{
+    uint8_t *p = malloc(len ? len : 1);
+    if (len)
+        memcpy(p, src, len);
+    return p;
+}
+
+static void check_decodes(const uint8_t *blob, size_t len, size_t n)
+{
+    size_t d = thc_padded_dim(n);
+    float *work = malloc(d * sizeof(float)), *work2 = malloc(d * sizeof(float));
+    float *out = malloc(n ? n * sizeof(float) : 1);
+    size_t at = 0, at2 = 0;
+    int r = thc_decode(blob, len, n, work, out, &at);
+    int r2 = thc_decode_rotated(blob, len, n, work2, &at2);
+    if (r != r2 || (r != THC_OK && (at != at2 || at > len)))
+        abort();
+    if (r == THC_OK)
+        for (size_t i = 0; i < n; i++)
+            if (!finite(out[i]))
+                abort();
+    if (r > 0 || r < THC_E_NONFINITE)
+        abort();
+    free(work);
+    free(work2);
+    free(out);
+}
+
+static void decode_case(const uint8_t *data, size_t size)
+{
+    if (size < 3)
+        return;
+    size_t n = (size_t)data[1] | ((size_t)data[2] << 8);
+    uint8_t *blob = exact(data + 3, size - 3);
+    check_decodes(blob, size - 3, n);
+    free(blob);
+}
+
+static void sum_case(const uint8_t *data, size_t size)
+{
+    if (size < 6)
+        return;
+    size_t n = (size_t)data[1] | ((size_t)data[2] << 8);
+    static const int widths[4] = {8, 16, 32, 12};
+    int width = widths[data[3] & 3];
+    size_t rest = size - 6;
+    size_t l1 = ((size_t)data[4] | ((size_t)data[5] << 8));
+    if (l1 > rest)
+        l1 = rest;
+    uint8_t *a = exact(data + 6, l1), *b = exact(data + 6 + l1, rest - l1);
+    const uint8_t *blobs[3] = {a, b, a};
+    size_t lens[3] = {l1, rest - l1, l1};
+    size_t cap = thc_blob_size(n, 8, 32); /* the largest any sum for n values can be */
+    uint8_t *out = malloc(cap ? cap : 1);
+    for (size_t count = 1; count <= 3; count++) {
+        size_t at = 0;
+        ptrdiff_t r = thc_sum(blobs, lens, count, n, width, out, cap, &at);
+        if (r >= 0) {
+            if ((size_t)r > cap)
+                abort();
+            uint8_t *s = exact(out, (size_t)r);
+            size_t d = thc_padded_dim(n);
+            float *work = malloc(d * sizeof(float));
+            if (thc_decode_rotated(s, (size_t)r, n, work, NULL) != THC_OK)
+                abort(); /* a sum the library made must decode */
+            free(work);
+            free(s);
+        } else if (at >= count) {
+            abort();
+        }
+    }
+    free(a);
+    free(b);
+    free(out);
+}
+
+static void encode_case(const uint8_t *data, size_t size)
+{
+    if (size < 2)
+        return;
+    int bits = 1 + (data[1] & 3); /* 1..4 */
+    int g = (1 << bits) - 1 + (data[1] >> 4);
+    uint8_t table[16];
+    for (int z = 0; z < (1 << bits); z++)
+        table[z] = (uint8_t)z;
+    table[(1 << bits) - 1] = (uint8_t)g;
+    if (bits == 4 && g == 30)
+        memcpy(table, T4, 16);
+    size_t n = (size - 2) / sizeof(float);
+    float *x = malloc(n ? n * sizeof(float) : 1);
+    if (n)
+        memcpy(x, data + 2, n * sizeof(float));
+    size_t d = thc_padded_dim(n);
+    float *work = malloc(d * sizeof(float));
+    size_t cap = thc_blob_size(n, bits, bits);
+    uint8_t *out = malloc(cap);
+    double ss = thc_sum_squares(x, n);
+    float range = ss < 1e60 ? (float)(2.0 * __builtin_sqrt(ss) / __builtin_sqrt((double)d)) : 1.0f;
+    ptrdiff_t r = thc_encode(x, n, range, 11, 12, bits, g, table, work, out, cap);
+    if (r == THC_E_NONFINITE) {
+        /* fine: a non-finite input, or a transform overflow */
+    } else if (r != (ptrdiff_t)cap) {
+        abort();
+    } else {
+        check_decodes(out, cap, n);
+        const uint8_t *blobs[2] = {out, out};
+        size_t lens[2] = {cap, cap};
+        size_t scap = thc_blob_size(n, bits, 16);
+        uint8_t *s = malloc(scap);
+        if (thc_sum(blobs, lens, 2, n, 16, s, scap, NULL) != (ptrdiff_t)scap)
+            abort();
+        check_decodes(s, scap, n);
+        free(s);
+    }
+    free(x);
+    free(work);
+    free(out);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    switch (data[0] % 3) {
+    case 0: decode_case(data, size); break;
+    case 1: sum_case(data, size); break;
+    default: encode_case(data, size); break;
+    }
+    return 0;
+}
