@@ -1,0 +1,127 @@
+"""3LC (SPEC.md section 5) through its C library, with the numpy reference selectable as
+``impl="numpy"``: 3-value quantization with a sparsity multiplier, base-3^5 packing and
+zero-run encoding, plus 3LC's per-tensor error accumulation. The stream layout is in
+``codecs_c/threelc_codec.h`` and docs/codecs.md.
+
+Error feedback is the shared ``ErrorFeedback`` memory (memory.py), held by the codec and keyed
+by tensor: ``encode(x, key=k)`` quantizes ``A = x + residual[k]`` and stores ``A - M*Q`` back,
+exactly SPEC's ``A += T; ...; A -= M*Q`` with one accumulation buffer per tensor. One codec
+serves every tensor of a model, a key each (a layer name, a bucket index). Without a key,
+``encode(x)`` is the plain, stateless codec (quantize ``x`` as it is), which is what a caller
+that runs its own ErrorFeedback around the codec needs, e.g. the collective, whose error
+feedback over whole tensors is this same loop; ``roundtrip(x)`` never touches the memory either.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+from . import threelc_reference as ref
+from .base import Codec, check_blob, check_out, check_vector
+from ._native import ffi, lib
+from .memory import ErrorFeedback
+
+IMPLS = ("auto", "c", "numpy")
+HEADER_BYTES = lib.TLC_HEADER_BYTES
+
+
+def max_encoded_size(n: int) -> int:
+    """Largest stream n values can take: 12-byte header + ceil(n/5) (no zero run at all)."""
+    return HEADER_BYTES + -(-n // 5)
+
+
+def min_encoded_size(n: int) -> int:
+    """Smallest stream n values can take with ZRE: every base-3^5 byte in runs of 14."""
+    base3_bytes = -(-n // 5)
+    return HEADER_BYTES + -(-base3_bytes // lib.TLC_MAX_RUN)
+
+
+def _error(r: int) -> str:
+    return ffi.string(lib.tlc_strerror(r)).decode()
+
+
+class ThreeLCCodec(Codec):
+    """``sparsity`` the multiplier s in [1, 2) (1.0 keeps max|A|; 1.5, 1.75, 1.9 in the paper);
+    ``zre`` zero-run encoding on/off; ``memory`` the ErrorFeedback holding the per-tensor
+    accumulation buffers used by ``encode(x, key=...)`` (a fresh one by default)."""
+
+    name = "3lc"
+
+    def __init__(self, sparsity: float = 1.0, zre: bool = True, memory: ErrorFeedback | None = None,
+                 impl: str = "auto"):
+        if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.integer, np.floating)):
+            raise TypeError(f"sparsity must be a number in [1, 2), got {sparsity!r}")
+        self.sparsity = float(ref.check_sparsity(sparsity))  # as float32, the value C uses
+        if not isinstance(zre, bool):
+            raise TypeError(f"zre must be True or False, got {zre!r}")
+        if memory is not None and not isinstance(memory, ErrorFeedback):
+            raise TypeError(f"memory must be an ErrorFeedback, got {type(memory).__name__}")
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        self.zre = zre
+        self.memory = memory if memory is not None else ErrorFeedback()
+        self.impl = "c" if impl == "auto" else impl
+
+    def __repr__(self) -> str:
+        return f"ThreeLCCodec(sparsity={self.sparsity}, zre={self.zre}, impl={self.impl!r})"
+
+    def _quantize(self, x: np.ndarray, recon: bool = True) -> tuple[bytes, np.ndarray | None]:
+        """(stream, M*Q): the bytes for x and exactly what a receiver decodes from them (None
+        when ``recon`` is off: the C library then skips writing them)."""
+        if x.size > lib.TLC_MAX_COUNT:
+            raise ValueError(f"3LC streams hold at most {lib.TLC_MAX_COUNT} values, got {x.size}")
+        if self.impl == "numpy":
+            m, q = ref.quantize(x, self.sparsity)
+            return ref.encode_quantized(m, q, self.zre), ref.dequantize(m, q)
+        out = np.empty(max_encoded_size(x.size), dtype=np.uint8)
+        rec = np.empty(x.size, dtype=np.float32) if recon else None
+        r = lib.tlc_encode(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.sparsity,
+                           int(self.zre), ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
+                           out.size, ffi.cast("float *", ffi.from_buffer(rec, require_writable=True))
+                           if recon and x.size else ffi.NULL)
+        if r < 0:
+            raise ValueError(f"3lc encode: {_error(r)}")
+        return out[:r].tobytes(), rec
+
+    def encode(self, x: np.ndarray, key: Hashable | None = None) -> bytes:
+        """Compress ``x``. With a ``key`` (one per tensor) 3LC's error accumulation runs: the
+        key's residual is added first and the new one stored in ``memory``. Without, the codec
+        is stateless."""
+        x = check_vector(x)
+        if key is None:
+            return self._quantize(x, recon=False)[0]
+        a = self.memory.compensate(key, x)
+        blob, recon = self._quantize(a)
+        self.memory.update(key, a, recon)
+        return blob
+
+    def roundtrip(self, x: np.ndarray) -> np.ndarray:
+        """What a receiver decodes for ``x`` alone (no error feedback, memory untouched)."""
+        x = check_vector(x)
+        return self._quantize(x)[1]
+
+    def reset(self) -> None:
+        """Forget every tensor's accumulated error."""
+        self.memory.reset()
+
+    def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
+        view = check_blob(blob)
+        out = check_out(out)
+        if self.impl == "numpy":
+            out[:] = ref.decode(bytes(view), out.size)
+            return out
+        err_at = ffi.new("size_t *")
+        src = ffi.from_buffer(view) if view.nbytes else ffi.NULL
+        r = lib.tlc_decode(ffi.cast("const uint8_t *", src), view.nbytes,
+                           ffi.cast("float *", ffi.from_buffer(out, require_writable=True)) if out.size else ffi.NULL,
+                           out.size, err_at)
+        if r != lib.TLC_OK:
+            raise ValueError(f"malformed 3lc stream: {_error(r)} at byte {err_at[0]} "
+                             f"(stream of {view.nbytes} bytes, {out.size} values)")
+        return out
+
+    def check_count_fits(self, nbytes: int, n: int) -> None:
+        if n > lib.TLC_MAX_COUNT or not min_encoded_size(n) <= nbytes <= max_encoded_size(n):
+            raise ValueError(f"malformed 3lc stream: {n} values take {min_encoded_size(n)} to "
+                             f"{max_encoded_size(n)} bytes, got {nbytes}")
