@@ -18,12 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import numpy as np
 
 from ..errors import UserError
-from ..daemon.nicd import wait_ready
+from ..daemon.launch import nicd, read_stats
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import parse_rate
 from .codec import bucket_scale_exponents, scale_by_bucket
@@ -40,28 +40,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-@contextmanager
-def nicd(host, sock: str, error_bound: int, accept_only: bool = False):
-    argv = [sys.executable, "-m", "inceptionn", "nicd", "-i", host.ifname, "--socket", sock,
-            "--error-bound", str(error_bound), "--log-level", "warning"]
-    p = host.popen(argv + (["--accept-only"] if accept_only else []), stderr=subprocess.PIPE, text=True)
-    try:
-        wait_ready(p)
-        yield p
-    finally:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-def read_stats(sock: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "inceptionn", "stats", "--json", "--socket", sock],
-                       capture_output=True, text=True, check=True)
-    return json.loads(r.stdout)["counters"]
 
 
 def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float) -> dict:

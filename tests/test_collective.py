@@ -1,0 +1,528 @@
+"""The collectives over real sockets between real processes on loopback (no soft NIC: tagged
+sockets pass raw, which is exactly the case the ring must also get right).
+
+Each multi-rank test forks ``world`` processes, each builds a Group (FileStore rendezvous) and
+runs a function; results come back through a queue. Expected values are computed here with the
+same float32 operations in the same order, so most comparisons are bit for bit.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from inceptionn.codecs import Codec, available_codecs, get_codec
+from inceptionn.shim import scaling as sc
+from inceptionn.shim.collective import Group
+from inceptionn.shim.rendezvous import FileStore
+from inceptionn.shim.ring import block_bounds
+
+CODEC = get_codec("inceptionn", error_bound=-10)
+
+
+# --- running ranks -----------------------------------------------------------------------------
+
+def _child(q, rank, world, store_dir, fn, args, group_kw):
+    try:
+        kw = dict(bind_addr="127.0.0.1", timeout=60)
+        kw.update(group_kw)
+        with Group(rank, world, FileStore(store_dir, timeout=60), **kw) as g:
+            q.put((rank, True, fn(g, rank, *args)))
+    except BaseException as e:  # noqa: BLE001
+        q.put((rank, False, f"{type(e).__name__}: {e}"))
+
+
+def run_ranks(world, fn, *args, timeout=120, group_kw=None, expect_ok=True):
+    """Run fn(group, rank, *args) in ``world`` forked processes; returns [(ok, value)] by rank."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    d = tempfile.mkdtemp(prefix="inc-coll-")
+    procs = [ctx.Process(target=_child, args=(q, r, world, d, fn, args, group_kw or {}), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(results) < world:
+            try:
+                rank, ok, value = q.get(timeout=0.5)
+                results[rank] = (ok, value)
+                continue
+            except queue_mod.Empty:
+                pass
+            if all(not p.is_alive() for p in procs):   # a rank that exited without a word
+                for r, p in enumerate(procs):
+                    results.setdefault(r, (False, f"exited with code {p.exitcode}"))
+            elif time.monotonic() > deadline:
+                raise AssertionError(f"ranks {sorted(set(range(world)) - set(results))} did not finish "
+                                     f"in {timeout}s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shutil.rmtree(d, ignore_errors=True)
+    out = [results[r] for r in range(world)]
+    if expect_ok:
+        bad = [(r, v) for r, (ok, v) in enumerate(out) if not ok]
+        assert not bad, bad
+        return [v for _, v in out]
+    return out
+
+
+def data(rank: int, n: int, scale=0.01, seed=0) -> np.ndarray:
+    return (np.random.default_rng([seed, rank]).standard_normal(n) * scale).astype(np.float32)
+
+
+def same_bits(arrays) -> bool:
+    return all(a.shape == arrays[0].shape and np.array_equal(a.view(np.uint32), arrays[0].view(np.uint32))
+               for a in arrays)
+
+
+# --- what the collectives must compute ---------------------------------------------------------
+
+def scaled_inputs(xs, headroom, bucket=sc.BUCKET_VALUES):
+    n = xs[0].size
+    if n == 0:
+        return [x.copy() for x in xs], None
+    exps = sc.exponents(np.max([sc.bucket_maxima(x, bucket) for x in xs], axis=0), headroom)
+    out = []
+    for x in xs:
+        y = x.copy()
+        sc.apply(y, exps, bucket)
+        out.append(y)
+    return out, exps
+
+
+def ring_expected(xs, mode, scaling=True, codec=CODEC):
+    """The ring's result on loopback: phase-1 sums in ring order (block b starts at rank b, each
+    next rank adds its own values to what it received); 'nic': the owner's reconstruction;
+    'nic': the sender's reconstruction at every hop and the owner's once; 'app': decode(encode())
+    likewise. With or without soft NICs on the way: the values on the wire are fixed points."""
+    world, n = len(xs), xs[0].size
+    s, exps = scaled_inputs(xs, world) if scaling and mode != "raw" else ([x.copy() for x in xs], None)
+    out = np.empty(n, dtype=np.float32)
+    for b, (lo, hi) in enumerate(block_bounds(n, world)):
+        acc = s[b][lo:hi].copy()
+        for j in range(1, world):
+            inc = {"app": codec.roundtrip, "nic": lambda v: sc.nic_reconstruct(codec, v)}.get(mode, np.copy)(acc)
+            acc = s[(b + j) % world][lo:hi] + inc
+        if mode == "nic":
+            acc = sc.nic_reconstruct(codec, acc)
+        elif mode == "app":
+            acc = codec.roundtrip(acc)
+        out[lo:hi] = acc
+    if exps is not None:
+        sc.apply(out, exps, sc.BUCKET_VALUES, inverse=True)
+    return out
+
+
+def wa_expected(xs, mode, scaling=True, codec=CODEC):
+    s, exps = scaled_inputs(xs, 1) if scaling and mode != "raw" else ([x.copy() for x in xs], None)
+    total = s[0].copy()
+    for r in range(1, len(xs)):
+        lossy = {"app": codec.roundtrip, "nic": lambda v: sc.nic_reconstruct(codec, v)}.get(mode, np.copy)
+        total = total + lossy(s[r])
+    if exps is not None:
+        sc.apply(total, exps, sc.BUCKET_VALUES, inverse=True)
+    return total
+
+
+# --- unit: scaling and reconstruction ----------------------------------------------------------
+
+def _all_exponents(n, seed=1):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-40, 4, n))).astype(np.float32)
+    x[:12] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2**-7, -(2**-7), 1e-40, -1e-40, 0.99999994]
+    return x
+
+
+@pytest.mark.parametrize("k", [-6, -7, -8, -10, -12, -15])
+def test_nic_reconstruction_is_idempotent(k):
+    """rt(rt(x)) == rt(x) bit for bit once -0.0 is made +0.0: a reconstructed value arrives
+    unchanged whether the NIC compresses its packet or sends it raw."""
+    c = get_codec("inceptionn", error_bound=k)
+    x = _all_exponents(400_000)
+    q = sc.nic_reconstruct(c, x)
+    assert not np.signbit(q[q == 0]).any()
+    assert np.array_equal(c.roundtrip(q).view(np.uint32), q.view(np.uint32))
+    assert np.array_equal(sc.nic_reconstruct(c, q).view(np.uint32), q.view(np.uint32))
+    # the plain round trip is idempotent only up to the sign of zero (8BIT field 0 -> signed zero)
+    raw = c.roundtrip(x)
+    differ = raw.view(np.uint32) != c.roundtrip(raw).view(np.uint32)
+    assert (raw[differ] == 0).all()
+
+
+def test_scale_exponents_match_the_benchmark():
+    from inceptionn.bench.codec import bucket_scale_exponents
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(5 * 1000 + 7) * 0.003).astype(np.float32)
+    x[1000:2000] = 0.0                        # an all-zero bucket
+    x[2000] = 0.125                           # a max that is an exact power of two
+    x[3000:4000] *= 1e6                       # values far above 1
+    for workers in (1, 2, 3, 4, 7):
+        e = sc.exponents(sc.bucket_maxima(x, 1000), workers)
+        assert np.array_equal(e, bucket_scale_exponents(x, workers, 1000))
+        y = x.copy()
+        sc.apply(y, e, 1000)
+        assert (workers * np.abs(y) < 1.0).all()
+        m = sc.bucket_maxima(y, 1000)
+        assert ((workers * m >= 0.5) | (m == 0)).all()   # the largest such power of two
+        sc.apply(y, e, 1000, inverse=True)
+        assert np.array_equal(y, x)           # exact
+
+
+def test_bucket_maxima_edge_cases():
+    assert sc.bucket_maxima(np.zeros(0, np.float32)).size == 0
+    x = np.array([1, -3, 2, np.nan, 0.5, np.inf], dtype=np.float32)
+    m = sc.bucket_maxima(x, 3)
+    assert m[0] == 3 and np.isnan(m[1])
+    assert list(sc.exponents(m, 1)) == [-2, 0]
+    assert list(sc.exponents(np.array([np.inf, 0.0, 1e-300]), 2)) == [0, 0, sc.MAX_EXPONENT]
+
+
+# --- ring and WA over sockets ------------------------------------------------------------------
+
+LENGTHS = [0, 1, 2, 7, 1001, 2 * 65536 + 13]
+
+
+def _many(g, rank, lengths, ops):
+    out = {}
+    for n in lengths:
+        x = data(rank, n)
+        for op in ops:
+            if op == "wa":
+                r = g.wa_step(x, (lambda s: (s * np.float32(0.5)).astype(np.float32)) if rank == 0 else None,
+                              error_feedback=False)
+            else:
+                mode = None if op == "raw" else op
+                r = g.allreduce(x, compress=mode, error_feedback=False if mode else None, key=(op, n))
+            out[(op, n)] = r
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_ring_and_wa_bit_exact_on_loopback(world):
+    ops = ["raw", "nic", "app", "wa"]
+    kw = {"chunk_bytes": 4096} if world == 3 else {}     # many chunks: the pipeline across steps
+    res = run_ranks(world, _many, LENGTHS, ops, group_kw=kw)
+    for n in LENGTHS:
+        xs = [data(r, n) for r in range(world)]
+        exact = np.sum(np.array(xs, dtype=np.float64), axis=0) if n else np.zeros(0)
+        for op in ops:
+            got = [res[r][(op, n)] for r in range(world)]
+            assert all(g.dtype == np.float32 and g.shape == (n,) for g in got)
+            assert same_bits(got), f"{op} n={n}: ranks differ"
+            if world == 1:
+                want = xs[0] * np.float32(0.5) if op == "wa" else xs[0]
+            elif op == "wa":
+                want = wa_expected(xs, "nic") * np.float32(0.5)
+            else:
+                want = ring_expected(xs, op)
+            assert np.array_equal(got[0].view(np.uint32), want.view(np.uint32)), f"{op} n={n}"
+            # and within the codec's error of the true sum: every lossy hop loses < 2^-7 of the
+            # scaled value; unscaled, 2^-7 * 2^-s <= 2^-7 * 2 * N * max|x| per hop
+            hops = {"raw": 0, "nic": world, "app": world, "wa": 1}[op]
+            if n:
+                m = max(float(np.abs(x).max()) for x in xs)
+                tol = hops * 2.0**-7 * 2 * world * m + 1e-6 * world * m
+                ref = exact * 0.5 if op == "wa" else exact
+                assert np.abs(got[0] - ref).max() <= tol, (op, n)
+
+
+def _stats(g, rank, n):
+    x = data(rank, n)
+    g.reset_stats()
+    g.allreduce(x, compress="nic")
+    nic = g.stats.last.as_dict()
+    g.allreduce(x, compress=None)
+    raw = g.stats.last.as_dict()
+    g.wa_step(x, (lambda s: s) if rank == 0 else None, compress="nic")
+    wa = g.stats.last.as_dict()
+    return nic, raw, wa, g.connections(), g.stats.as_dict()
+
+
+def test_planes_tos_and_byte_counts():
+    world, n = 4, 100_003
+    res = run_ranks(world, _stats, n)
+    blocks = [b - a for a, b in block_bounds(n, world)]
+    # each block crosses the ring 2(N-1) times, phase 1 and phase 2
+    assert sum(r[0]["bytes_sent"]["gradient"] for r in res) == 4 * 2 * (world - 1) * sum(blocks)
+    for nic, raw, wa, conns, total in res:
+        assert nic["bytes_sent"]["data"] == 0 and nic["bytes_received"]["data"] == 0
+        assert nic["bytes_sent"]["control"] > 0
+        assert raw["bytes_sent"]["gradient"] == 0 and raw["bytes_sent"]["data"] > 0
+        assert nic["seconds"] >= nic["comm_seconds"] > 0
+        assert total["by_op"]["allreduce"]["calls"] == 2
+        for c in conns:
+            tagged = c["kind"] in ("RING_TAGGED", "WA_TAGGED") and c["direction"] == "out"
+            assert c["tos"] == (0x28 if tagged else 0), c
+        kinds = {(c["kind"], c["direction"]) for c in conns}
+        assert ("RING_TAGGED", "out") in kinds and ("RING_PLAIN", "out") in kinds
+    # WA: only workers send on the gradient plane; the aggregator answers on the data plane
+    assert res[0][2]["bytes_sent"]["gradient"] == 0
+    assert res[0][2]["bytes_sent"]["data"] == (world - 1) * (8 + 4 * n)
+    assert all(r[2]["bytes_sent"]["gradient"] == 4 * n for r in res[1:])
+    assert res[0][2]["bytes_received"]["gradient"] == (world - 1) * 4 * n
+
+
+def _untagged(g, rank):
+    g.allreduce(data(rank, 1000))
+    return g.connections()
+
+
+def test_tag_false_keeps_the_computation_but_not_the_mark():
+    res = run_ranks(2, _untagged, group_kw={"tag": False})
+    for conns in res:
+        assert all(c["tos"] == 0 for c in conns)
+        assert any(c["kind"] == "RING_TAGGED" for c in conns)
+
+
+# --- error feedback ----------------------------------------------------------------------------
+
+def _ef_steps(g, rank, steps, ef):
+    x = np.full(5000, 0.004, dtype=np.float32)
+    x[0] = 1.0             # sets the bucket's scale (2^-2 for 3 ranks): sums of 0.004 fall below 2^-7
+    out = []
+    for _ in range(steps):
+        out.append(g.allreduce(x, compress="nic", error_feedback=ef))
+    return np.array(out), g.error_feedback.residual(("allreduce", 5000))
+
+
+def test_error_feedback_recovers_what_the_codec_drops():
+    world, steps = 3, 24
+    with_ef = run_ranks(world, _ef_steps, steps, True)
+    without = run_ranks(world, _ef_steps, steps, False)
+    exact = world * 0.004
+    plain = without[0][0]
+    assert (plain[:, 1:] == 0).all(), "without error feedback the small values vanish every step"
+    hist = with_ef[0][0]
+    assert same_bits([r[0] for r in with_ef])
+    # over the steps the small values get through: cumulative error stays one quantum, not T of them
+    quantum = 2.0**-7 * 2.0 ** -float(sc.exponents(np.array([1.0]), world)[0])
+    cum = hist[:, 1:].astype(np.float64).sum(axis=0)
+    assert np.abs(cum - steps * exact).max() <= world * quantum
+    assert hist[:, 1:].sum() > 0
+    assert with_ef[1][1] is not None and without[1][1] is None
+
+
+# --- codecs inside the collective --------------------------------------------------------------
+
+class Int8Codec(Codec):
+    """A test codec that needs agreement: int8 levels of the max over workers (like TernGrad's
+    shared scaler). Records the rounds it was agreed on."""
+
+    name = "int8test"
+    needs_agreement = True
+
+    def __init__(self):
+        self.scale = None
+        self.rounds = []
+
+    def local_stat(self, x):
+        return float(np.abs(x).max()) if x.size else 0.0
+
+    def agree(self, shared, round_no):
+        self.scale = shared * 4 or 1.0   # room for the partial sums of the ring
+        self.rounds.append((round_no, shared))
+
+    def encode(self, x):
+        return np.clip(np.round(x / self.scale * 127), -127, 127).astype(np.int8).tobytes()
+
+    def decode_into(self, blob, out):
+        out[:] = np.frombuffer(bytes(blob), dtype=np.int8).astype(np.float32) * np.float32(self.scale / 127)
+        return out
+
+
+def _custom_codec(g, rank, n):
+    c = Int8Codec()
+    r1 = g.allreduce(data(rank, n), compress="app", codec=c)
+    r2 = g.wa_step(data(rank, n), (lambda s: s) if rank == 0 else None, compress="app", codec=c)
+    return r1, r2, c.rounds
+
+
+def test_app_codec_with_agreement_hooks():
+    world, n = 3, 20_000
+    res = run_ranks(world, _custom_codec, n)
+    assert same_bits([r[0] for r in res]) and same_bits([r[1] for r in res])
+    assert res[0][2] == res[1][2] == res[2][2] and len(res[0][2]) == 2, "agree() must see the same rounds"
+    xs = [data(r, n) for r in range(world)]
+    exact = np.sum(xs, axis=0)
+    shared = max(float(np.abs(x).max()) for x in xs)
+    step = shared * 4 / 127
+    assert res[0][2][0][1] == shared
+    assert np.abs(res[0][0] - exact).max() <= world * step
+    assert np.abs(res[0][1] - exact).max() <= world * step
+
+
+def _registered(g, rank, name, n):
+    return g.allreduce(data(rank, n), compress="app", codec=name), g.wa_step(
+        data(rank, n), (lambda s: s) if rank == 0 else None, compress="app", codec=name)
+
+
+def _importable_codecs():
+    names = []
+    for name in available_codecs():
+        try:
+            get_codec(name)
+        except Exception:   # other codecs are being written in parallel; test what imports
+            continue
+        names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("name", _importable_codecs())
+def test_every_registered_codec_runs_in_the_collective(name):
+    world, n = 3, 30_000
+    res = run_ranks(world, _registered, name, n)
+    assert same_bits([r[0] for r in res]) and same_bits([r[1] for r in res])
+    exact = np.sum([data(r, n) for r in range(world)], axis=0)
+    for got in res[0]:
+        assert np.isfinite(got).all() and got.shape == exact.shape
+        cosine = float(got @ exact / np.linalg.norm(got) / np.linalg.norm(exact))
+        assert cosine > 0.2, (name, cosine)   # lossy (3LC's one round: ~0.3), but a sum, not noise
+
+
+def _special(g, rank):
+    x = data(rank, 70_000)
+    x[5] = np.inf if rank == 1 else 1.0
+    x[70_000 - 3] = np.nan if rank == 2 else 0.0
+    x[100:200] = 0.0
+    out = [g.allreduce(x, compress=mode) for mode in ("nic", "app", None)]
+    r = g.error_feedback.residual(("allreduce", x.size))
+    return out + [np.array(np.isfinite(r).all())]
+
+
+def test_inf_nan_and_zero_buckets_keep_ranks_identical():
+    res = run_ranks(3, _special)
+    for i in range(3):
+        got = [r[i] for r in res]
+        assert same_bits(got)
+        assert np.isinf(got[0][5]) and np.isnan(got[0][70_000 - 3])
+        assert np.isfinite(got[0][:65536][np.arange(65536) != 5]).all()   # bucket 0: inf does not spread
+    assert all(bool(r[3]) for r in res), "error feedback must not keep inf/NaN residuals"
+
+
+# --- control plane -----------------------------------------------------------------------------
+
+def _control(g, rank):
+    g.barrier()
+    m = g.max_scalar(rank * 1.5)
+    s = g.sum_scalar(rank + 0.25)
+    v = g.control_allreduce([rank, -rank], op="min")
+    w = g.broadcast(np.arange(5, dtype=np.float32) + rank if rank == 2 else None, root=2)
+    return m, s, list(v), w
+
+
+def test_control_plane_operations():
+    res = run_ranks(4, _control)
+    for m, s, v, w in res:
+        assert m == 4.5 and s == 7.0 and v == [0, -3]
+        assert np.array_equal(w, np.arange(5, dtype=np.float32) + 2)
+
+
+# --- mistakes ----------------------------------------------------------------------------------
+
+def _mismatch(g, rank):
+    g.allreduce(data(rank, 100 + rank))
+
+
+def test_mismatched_lengths_raise_on_every_rank():
+    res = run_ranks(3, _mismatch, expect_ok=False)
+    for ok, msg in res:
+        assert not ok and "RuntimeError: collective mismatch" in msg and "n=100" in msg and "n=101" in msg, msg
+
+
+def _mismatch_op(g, rank):
+    if rank == 1:
+        g.barrier()
+    else:
+        g.allreduce(data(rank, 10))
+
+
+def test_mismatched_operations_raise():
+    res = run_ranks(2, _mismatch_op, expect_ok=False)
+    assert all(not ok and "barrier" in msg and "allreduce" in msg for ok, msg in res), res
+
+
+def _bad_args(g, rank):
+    errors = []
+    x = data(rank, 10)
+    for call in (lambda: g.allreduce(x.astype(np.float64)),
+                 lambda: g.allreduce(x.reshape(2, 5)),
+                 lambda: g.allreduce([1.0, 2.0]),
+                 lambda: g.allreduce(x, compress="zip"),
+                 lambda: g.allreduce(x, compress=None, error_feedback=True),
+                 lambda: g.allreduce(x, out=np.empty(11, np.float32)),
+                 lambda: g.allreduce(x, compress="nic", codec=Int8Codec()),
+                 lambda: g.allreduce(x, codec=42),
+                 lambda: g.wa_step(None, None) if rank == 1 else g.wa_step(x, None),
+                 lambda: g.wa_step(x, aggregator=5),
+                 lambda: g.control_allreduce([1], op="avg")):
+        try:
+            call()
+            errors.append(None)
+        except (TypeError, ValueError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    # none of these sent anything: the group still works
+    return errors, g.allreduce(x, compress=None)
+
+
+def test_user_mistakes_raise_clear_errors_and_leave_the_group_usable():
+    res = run_ranks(2, _bad_args)
+    errors, r = res[0]
+    assert None not in errors, errors
+    text = "\n".join(errors)
+    for needle in ("float32", "1-D", "numpy", "compress must be", "error_feedback needs", "out must be",
+                   "soft NIC runs only the inceptionn codec", "codec must be", "aggregator", "op must be"):
+        assert needle in text, needle
+    assert np.array_equal(r, res[1][1])
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="rank must be in"):
+        Group(2, 2, FileStore(tempfile.mkdtemp()))
+    with pytest.raises(ValueError, match="needs a store"):
+        Group(0, 2)
+    with pytest.raises(TypeError, match="store must have"):
+        Group(0, 2, object(), bind_addr="127.0.0.1")
+    with pytest.raises(ValueError, match="bind_addr must be an address of this host"):
+        Group(0, 1, bind_addr="198.18.255.254")
+    with pytest.raises(ValueError, match="not the wildcard"):
+        Group(0, 1, bind_addr="0.0.0.0")
+    with pytest.raises(ValueError, match="compress must be"):
+        Group(0, 1, compress="yes", bind_addr="127.0.0.1")
+    with Group(0, 1, bind_addr="127.0.0.1") as g:   # a group of one needs no store
+        x = data(0, 33)
+        assert np.array_equal(g.allreduce(x), x)
+        assert np.array_equal(g.wa_step(x, lambda s: s * np.float32(2)), x * 2)
+    with pytest.raises(RuntimeError, match="closed"):
+        g.allreduce(x)
+
+
+def _dies(g, rank):
+    if rank == 1:
+        os._exit(0)          # gone without a word
+    time.sleep(0.2)
+    try:
+        g.allreduce(data(rank, 1000))
+    except ConnectionError as e:
+        try:
+            g.barrier()
+        except RuntimeError as e2:
+            return f"ConnectionError: {e} | then: {e2}"
+    return "no error"
+
+
+def test_a_dead_peer_raises_instead_of_hanging():
+    res = run_ranks(2, _dies, expect_ok=False, timeout=60)
+    ok, msg = res[0]
+    assert ok and msg.startswith("ConnectionError") and "unusable" in msg, msg
