@@ -93,6 +93,22 @@ class InceptionnCodec(Codec):
             raise ValueError(f"malformed inceptionn stream: {n} values take {2 * groups} to "
                              f"{lib.INC_MAX_GROUP_BYTES * groups} bytes, got {nbytes}")
 
+    def reconstruct(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """What a receiver decodes for ``x``, value by value, with +0.0 for every zero (so that
+        ``reconstruct(reconstruct(x)) == reconstruct(x)``); one C pass, no stream built.
+        ``out`` may be ``x`` (in place)."""
+        x = check_vector(x)
+        out = np.empty_like(x) if out is None else check_out(out)
+        if out.size != x.size:
+            raise ValueError(f"output holds {out.size} values, input {x.size}")
+        if self.impl == "numpy":
+            out[:] = self.roundtrip(x)
+            out += np.float32(0.0)  # -0.0 + 0.0 = +0.0
+            return out
+        lib.inc_reconstruct(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound,
+                            ffi.cast("float *", ffi.from_buffer(out)))
+        return out
+
     def histogram(self, x: np.ndarray) -> np.ndarray:
         """Values per tier [0BIT, 8BIT, 16BIT, NO_COMPRESS]: the paper's bitwidth distribution."""
         x = check_vector(x)

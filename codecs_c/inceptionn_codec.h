@@ -68,6 +68,10 @@ size_t inc_encoded_size(const float *in, size_t n, int k);
 /* Tier histogram: counts[tag] += number of values with that tag. */
 void inc_histogram(const float *in, size_t n, int k, uint64_t counts[4]);
 
+/* out[i] = what a receiver decodes for in[i] (decode(encode(in))[i]), except that every zero is
+ * +0.0: idempotent, and no stream is built. in and out may be the same array. */
+void inc_reconstruct(const float *in, size_t n, int k, float *out);
+
 /* Tier histogram read from an encoded stream's tag words (no float pass): counts[tag] += lanes
  * with that tag among the first n. Same checks as inc_decode; returns INC_OK or a status. */
 int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t counts[4]);

@@ -40,6 +40,16 @@ class ErrorFeedback:
             r *= np.float32(self.decay)
         self._residual[key] = r
 
+    def store(self, key: Hashable, residual: np.ndarray) -> None:
+        """Keep ``residual`` (already ``compensated - reconstructed``) for ``key``: copied into the
+        key's buffer, so the caller may reuse its array and no memory is allocated per call."""
+        r = self._residual.get(key)
+        if r is None or r.shape != residual.shape:
+            r = self._residual[key] = np.empty(residual.shape, dtype=np.float32)
+        np.copyto(r, residual)
+        if self.decay != 1.0:
+            r *= np.float32(self.decay)
+
     def residual(self, key: Hashable) -> np.ndarray | None:
         return self._residual.get(key)
 

@@ -595,7 +595,7 @@ class Group:
             if exps is not None:
                 sc.apply(work, exps, self.bucket_values, inverse=True)
             if sink is not None:
-                self._remember(efkey, sink, exps)
+                self._remember(efkey, sink, exps, agreed if scale_on else None)
             if average:
                 np.divide(work, np.float32(self.world), out=work)
             call.scale_seconds += time.perf_counter() - t
@@ -617,15 +617,16 @@ class Group:
         elif work is not x:
             work[:] = x
 
-    def _remember(self, efkey, sink: _Sink, exps) -> None:
+    def _remember(self, efkey, sink: _Sink, exps, agreed) -> None:
         """Keep ``sent - decoded`` for next time, unscaled (exact: a power of two per bucket).
-        The ring already subtracted chunk by chunk; ErrorFeedback stores ``lost - 0``."""
+        The ring already subtracted chunk by chunk."""
         if exps is not None:
             sc.apply(sink.lost, exps, self.bucket_values, inverse=True)
-        # inf - inf = NaN where the gradient held inf/NaN: never carry that into the next call
-        np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
-        zero = np.broadcast_to(np.zeros(1, dtype=np.float32), sink.lost.shape)
-        self.error_feedback.update(efkey, sink.lost, zero)
+        # inf - inf = NaN where a gradient held inf/NaN: never carry that into the next call.
+        # The agreed bucket maxima (max over ranks) tell whether any rank had one.
+        if agreed is None or not np.isfinite(agreed).all():
+            np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        self.error_feedback.store(efkey, sink.lost)
 
     def _sink(self, efkey, n: int) -> _Sink:
         """Reused per key: n fresh floats every call would cost page faults, not just memory."""
@@ -694,7 +695,7 @@ class Group:
                 work = np.empty(n, dtype=np.float32)
                 self._compensate(efkey, x, work, ef_on)
             call.scale_seconds += time.perf_counter() - t
-            exps = None
+            exps = agreed = None
             if scale_on and n:
                 maxima = sc.bucket_maxima(work, self.bucket_values) if work is not None else \
                     np.zeros(-(-n // self.bucket_values))
@@ -718,7 +719,7 @@ class Group:
                 weights = worker_receive_weights(conn)
                 call.exchange_seconds += time.perf_counter() - t
                 if sc_sink is not None:
-                    self._remember(efkey, sc_sink, exps)
+                    self._remember(efkey, sc_sink, exps, agreed)
                 return weights
             conns = {r: self._incoming(kind, r) for r in range(self.world) if r != aggregator}
             t = time.perf_counter()
