@@ -1,5 +1,5 @@
 """A numpy reference of FFT sparsification with the range-based float (SPEC.md section 7; wire
-format in fft_codec.h and docs/codecs-thc-fft.md), written for clarity, not speed.
+format in fft_codec.h and docs/codecs.md), written for clarity, not speed.
 
 Both paths take the spectrum from ``numpy.fft.rfft``; from the spectrum on, this module and the
 C library produce the same bytes: the same magnitude keys (float64 ``re^2 + im^2`` of the

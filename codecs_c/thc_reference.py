@@ -1,5 +1,5 @@
 """A numpy reference of the THC codec (SPEC.md section 6; wire format in thc_codec.h and
-docs/codecs-thc-fft.md), written for clarity, not speed.
+docs/codecs.md), written for clarity, not speed.
 
 Given the same range M, rotation seed and noise seed it produces the same bytes as the C encoder:
 the random bits come from the same counter-based splitmix64 stream, the Hadamard butterflies run

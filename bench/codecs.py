@@ -1,0 +1,516 @@
+"""``inceptionn bench codecs``: the five gradient codecs side by side on real gradients.
+
+Every codec runs with its paper's settings on the same gradients, captured from real training
+steps of the paper's HDC model (``train/gradients.py``), each in the unit its paper uses: the
+INCEPTIONN codec value by value (on the gradients scaled per 64K bucket as the collective sends
+them, and raw), TernGrad and 3LC per tensor (layer weight or bias), THC and FFT per whole
+gradient. 3LC and THC run with their error feedback over the sequence of captures (one key per
+tensor, kept from step to step), as they are meant to run. Per row:
+
+- compression ratio = float32 bytes in / bytes out, everything counted (headers, scalers, THC's
+  table and power-of-two padding, FFT's bitmap, the values a codec must agree on with the other
+  workers before it sends: 8 bytes each), with the paper's own figure beside it;
+- NMSE of one round trip (for 3LC and THC without error feedback: what a first step costs),
+  and for error-feedback rows the NMSE of the sum of everything decoded over the sequence
+  against the sum of the gradients;
+- encode and decode GB/s of float32 input, one thread, as the row runs (error feedback
+  included), median of interleaved rounds [min-max] with memcpy of the same bytes in the same
+  rounds;
+- optionally (``--train-epochs E``) the final test accuracy of the HDC trained data-parallel on a
+  testbed (``train/job.py``) with the codec inside the collective (``compress=<codec>``), and
+  uncompressed, for the same epochs.
+"""
+from __future__ import annotations
+
+HELP = "all five codecs on real gradients: ratio, NMSE, GB/s, training accuracy; papers' figures beside"
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import UserError
+
+WORKERS = 4          # workers the INCEPTIONN scale assumes (and the default training testbed)
+BUCKET = 65536       # values per scaling bucket, the collective's default
+AGREE_BYTES = 8      # one float64 per value agreed among workers before sending
+LAST_EPOCHS = 5      # test accuracy swings from epoch to epoch: also report the mean of the last 5
+
+
+def log(msg: str) -> None:
+    print(f"[bench codecs] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    codec: str
+    label: str
+    params: dict
+    unit: str                      # "value" (per value, whole gradient), "tensor", "gradient"
+    paper: str                     # the paper's compression figure
+    ef: bool = False               # error feedback over the sequence of captures
+    scaled: bool = False           # INCEPTIONN: per-bucket power-of-two scale of the collective
+    train: dict | None = None      # TrainConfig fields of the accuracy run, None: not runnable
+    train_as: str | None = None    # accuracy is that row's run (differs only losslessly)
+    note: str = ""
+
+
+ROWS = [
+    Row("inc-scaled", "inceptionn", "INCEPTIONN 2^-10, scaled", {"error_bound": -10}, "value",
+        "5.5-11.6x (Sec. VIII-C, 2^-10)", scaled=True, train={"compress": "inceptionn"},
+        note="scaled per 64K bucket for 4 workers as the collective does; training: scaling + EF on"),
+    Row("inc-raw", "inceptionn", "INCEPTIONN 2^-10, raw", {"error_bound": -10}, "value",
+        "5.5-11.6x (Sec. VIII-C, 2^-10)",
+        train={"compress": "inceptionn", "scaling": False, "error_feedback": False},
+        note="the codec as printed on raw gradients; training: no scaling, no EF"),
+    Row("terngrad-2bit", "terngrad", "TernGrad 2-bit, clip 2.5", {"packing": "2bit", "clip": 2.5}, "tensor",
+        "16x", train={"compress": "terngrad"}),
+    Row("terngrad-base3", "terngrad", "TernGrad base-3, clip 2.5", {"packing": "base3", "clip": 2.5}, "tensor",
+        "~20x (20.18x bound)", train_as="terngrad-2bit", note="same values as 2-bit, other packing"),
+    Row("3lc-nozre", "3lc", "3LC s=1.0, no ZRE, EF", {"sparsity": 1.0, "zre": False}, "tensor",
+        "20x (Table 2)", ef=True, train_as="3lc-s1.0", note="ZRE is lossless: accuracy of s=1.0"),
+    Row("3lc-s1.0", "3lc", "3LC s=1.0, EF", {"sparsity": 1.0}, "tensor", "39.4x (Table 2)", ef=True,
+        train={"compress": "3lc"}, note="training: the collective's EF per ring block"),
+    Row("3lc-s1.5", "3lc", "3LC s=1.5, EF", {"sparsity": 1.5}, "tensor", "70.9x (Table 2)", ef=True),
+    Row("3lc-s1.75", "3lc", "3LC s=1.75, EF", {"sparsity": 1.75}, "tensor", "107x (Table 2)", ef=True),
+    Row("3lc-s1.9", "3lc", "3LC s=1.9, EF", {"sparsity": 1.9}, "tensor", "160x (Table 2)", ef=True),
+    Row("thc-nonuniform", "thc", "THC b=4 g=30 p=1/32, EF",
+        {"bits": 4, "granularity": 30, "p": 1 / 32, "table": "nonuniform"}, "gradient",
+        "8x per worker up", ef=True, train={"compress": "thc"}),
+    Row("thc-uniform", "thc", "THC b=4 uniform g=15, EF",
+        {"bits": 4, "granularity": 15, "p": 1 / 32, "table": "uniform"}, "gradient", "8x per worker up", ef=True),
+    Row("fft", "fft", "FFT theta=0.85 N=10", {"theta": 0.85, "bits": 10}, "gradient",
+        "21.3x (bitmap not counted)", train={"compress": "fft"}),
+]
+ROW_IDS = [r.id for r in ROWS]
+CODEC_NAMES = list(dict.fromkeys(r.codec for r in ROWS))
+
+
+def select_rows(text: str | None) -> list[Row]:
+    """``--codecs``: codec names (all their rows) and/or row ids, comma-separated."""
+    if text is None:
+        return list(ROWS)
+    tokens = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not tokens:
+        raise UserError(f"--codecs is empty; choose codecs ({', '.join(CODEC_NAMES)}) or rows ({', '.join(ROW_IDS)})")
+    bad = [t for t in tokens if t not in CODEC_NAMES and t not in ROW_IDS]
+    if bad:
+        raise UserError(f"--codecs: unknown {', '.join(repr(b) for b in bad)}; choose codecs "
+                        f"({', '.join(CODEC_NAMES)}) or rows ({', '.join(ROW_IDS)})")
+    return [r for r in ROWS if r.codec in tokens or r.id in tokens]
+
+
+# --- the gradients and their units ------------------------------------------------------------------
+
+@dataclass
+class Gradients:
+    dataset: str
+    grads: list[np.ndarray]
+    tensors: list[tuple[str, slice]]          # name and slice of each tensor in the flat vector
+    scaled: list[np.ndarray] = field(default_factory=list)
+    exps: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def params(self) -> int:
+        return int(self.grads[0].size)
+
+    @property
+    def values(self) -> int:
+        return sum(int(g.size) for g in self.grads)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(g.nbytes) for g in self.grads)
+
+    def units(self, row: Row) -> list[tuple[str, slice]]:
+        n = self.params
+        if row.unit == "tensor":
+            return self.tensors
+        return [("gradient", slice(0, n))]
+
+    def inputs(self, row: Row) -> list[np.ndarray]:
+        return self.scaled if row.scaled else self.grads
+
+
+def load_gradients(data, captures: int, seed: int) -> Gradients:
+    from ..train.data import load_dataset
+    from ..train.gradients import capture_gradients
+    from ..train.hdc import HDC
+    from .codec import bucket_scale_exponents, scale_by_bucket
+
+    dataset = load_dataset(data, seed=seed)
+    log(f"training the HDC model on {dataset.name} to capture {captures} real gradients ...")
+    grads = capture_gradients(captures, data=dataset, seed=seed)
+    model = HDC(dataset.n_features, dataset.n_classes)
+    base = model.params.ctypes.data
+    tensors = []
+    for name, view in model.tensors(model.params):
+        start = (view.ctypes.data - base) // view.itemsize
+        tensors.append((name, slice(start, start + view.size)))
+    g = Gradients(dataset.name, grads, tensors)
+    g.exps = [bucket_scale_exponents(x, WORKERS, BUCKET) for x in grads]
+    g.scaled = [scale_by_bucket(x, e, BUCKET) for x, e in zip(grads, g.exps)]
+    return g
+
+
+# --- codecs as the rows run them ----------------------------------------------------------------------
+
+def make_codec(row: Row, seed: int, ef: bool | None = None):
+    from ..codecs import get_codec
+
+    ef = row.ef if ef is None else ef
+    p = dict(row.params)
+    if row.codec == "terngrad":
+        p["seed"] = seed
+    elif row.codec == "thc":
+        p.update(seed=seed, noise_seed=seed, error_feedback=ef)
+    return get_codec(row.codec, **p)
+
+
+def encode(codec, row: Row, x: np.ndarray, key: str, ef: bool | None = None) -> bytes:
+    ef = row.ef if ef is None else ef
+    return codec.encode(x, key=key) if ef else codec.encode(x)
+
+
+def agreement_bytes(row: Row, n: int) -> int:
+    """Values the codec must agree on with the other workers before this encode (control plane)."""
+    if row.codec == "inceptionn" and row.scaled:
+        return AGREE_BYTES * -(-n // BUCKET)   # the per-bucket maxima
+    if row.codec == "thc":
+        return AGREE_BYTES                      # the norm l
+    return 0
+
+
+def _nmse(err2: float, sig2: float) -> float:
+    return float(err2 / sig2) if sig2 > 0 else float("nan")
+
+
+def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
+    """Ratio and NMSE over the sequence of captures, as the row runs; blobs kept for decode timing."""
+    codec = make_codec(row, seed)
+    units = g.units(row)
+    wire = agree = 0
+    err2 = sig2 = 0.0
+    sum_x = np.zeros(g.params)
+    sum_y = np.zeros(g.params)
+    blobs = []
+    for x, inp, exps in zip(g.grads, g.inputs(row), g.exps):
+        y = np.empty_like(x)
+        step = []
+        for key, sl in units:
+            blob = encode(codec, row, inp[sl], key)
+            step.append(blob)
+            wire += len(blob)
+            agree += agreement_bytes(row, sl.stop - sl.start)
+            codec.decode_into(blob, y[sl])
+        blobs.append(step)
+        y64 = y.astype(np.float64)
+        if row.scaled:
+            y64 = np.ldexp(y64, -np.repeat(exps, BUCKET)[: y.size])
+        sum_x += x
+        sum_y += y64
+        err2 += float(np.sum((x - y64) ** 2))
+        sig2 += float(np.sum(x.astype(np.float64) ** 2))
+    out = {"wire_bytes": wire, "agreement_bytes": agree, "ratio": g.nbytes / (wire + agree),
+           "bits_per_value": 8 * (wire + agree) / g.values, "nmse": _nmse(err2, sig2)}
+    if row.ef:
+        out["nmse_sequence"] = _nmse(err2, sig2)  # per step against that step's gradient, with EF
+        out["nmse"] = stateless_nmse(row, g, seed)
+        out["ef_sum_nmse"] = _nmse(float(np.sum((sum_x - sum_y) ** 2)), float(np.sum(sum_x ** 2)))
+    return out, blobs
+
+
+def stateless_nmse(row: Row, g: Gradients, seed: int) -> float:
+    """One round trip of each capture with nothing accumulated (error feedback off)."""
+    codec = make_codec(row, seed, ef=False)
+    err2 = sig2 = 0.0
+    for x in g.grads:
+        y = np.empty_like(x)
+        for _, sl in g.units(row):
+            codec.decode_into(encode(codec, row, x[sl], "", ef=False), y[sl])
+        err2 += float(np.sum((x.astype(np.float64) - y) ** 2))
+        sig2 += float(np.sum(x.astype(np.float64) ** 2))
+    return _nmse(err2, sig2)
+
+
+def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dict:
+    """name -> (callable, bytes of float32 input): encode and decode of every capture per call."""
+    from ..codecs._native import ffi
+
+    flat = np.concatenate(g.grads)
+    copy = np.empty_like(flat)
+    src, dst = ffi.from_buffer(flat), ffi.from_buffer(copy, require_writable=True)
+    variants = {"memcpy": (lambda: ffi.memmove(dst, src, flat.nbytes), flat.nbytes)}
+    outs = [np.empty_like(x) for x in g.grads]
+    for row in rows:
+        codec = make_codec(row, seed + 1)
+        units = g.units(row)
+        inputs = g.inputs(row)
+        if row.codec == "inceptionn":
+            from ..codecs.inceptionn import max_encoded_size
+
+            buf = np.empty(max_encoded_size(g.params), dtype=np.uint8)
+
+            def enc(codec=codec, inputs=inputs, buf=buf):
+                for x in inputs:
+                    codec.encode_into(x, buf)
+        else:
+            def enc(codec=codec, row=row, inputs=inputs, units=units):
+                for x in inputs:
+                    for key, sl in units:
+                        encode(codec, row, x[sl], key)
+
+        def dec(codec=codec, steps=blobs[row.id], units=units):
+            for step, y in zip(steps, outs):
+                for blob, (_, sl) in zip(step, units):
+                    codec.decode_into(blob, y[sl])
+
+        variants[f"encode {row.id}"] = (enc, g.nbytes)
+        variants[f"decode {row.id}"] = (dec, g.nbytes)
+    return variants
+
+
+def speed(rows: list[Row], g: Gradients, blobs: dict, rounds: int, seed: int) -> dict:
+    from .timing import interleaved
+
+    variants = speed_variants(rows, g, blobs, seed)
+    log(f"timing {len(variants)} variants over {g.nbytes / 1e6:.1f} MB of float32, {rounds} interleaved rounds ...")
+    timings = interleaved(variants, rounds, progress=log)
+    return {name: {"gbps": t.median_gbps, "min_gbps": t.spread_gbps[0], "max_gbps": t.spread_gbps[1],
+                   "bytes": t.nbytes, "rounds": len(t.seconds)} for name, t in timings.items()}
+
+
+# --- training accuracy ----------------------------------------------------------------------------------
+
+def train_configs(rows: list[Row], args) -> tuple[list, dict]:
+    """One TrainConfig per distinct run: the uncompressed baseline first, then every selected row
+    the training worker can run (it builds each codec with its defaults, which are the paper
+    settings of the rows marked ``train``)."""
+    from ..train.job import TrainConfig
+
+    common = dict(algo="inc", epochs=args.train_epochs, max_iters=args.train_max_iters, data=args.data,
+                  seed=args.seed)
+    configs = {"baseline": TrainConfig(compress="none", label="float32 (uncompressed)", **common)}
+    for row in rows:
+        rid = row.train_as or row.id
+        src = next(r for r in ROWS if r.id == rid)
+        if src.train is not None and rid not in configs:
+            configs[rid] = TrainConfig(label=src.label, **src.train, **common)
+    return list(configs.values()), dict(zip(configs, range(len(configs))))
+
+
+def training(rows: list[Row], args) -> dict:
+    """The runs one after another on one testbed. A run that fails (a diverging model is a result
+    too) is recorded with its error and the others go on."""
+    from ..train.cli import rate_arg
+    from ..train.job import TrainingTestbed, interrupt_on_sigterm, preflight, preflight_testbed
+    from ..train.report import Progress
+
+    rate = rate_arg(args.train_rate)
+    preflight_testbed(args.train_hosts, rate, args.train_mtu, args.train_name)
+    configs, index = train_configs(rows, args)
+    data = preflight(configs[0])
+    progress = Progress(prefix="[bench codecs] ")
+    progress.line(f"accuracy: {len(configs)} training runs of {args.train_epochs} epoch(s) on {data.name}, "
+                  f"{args.train_hosts} hosts, {rate or 'unshaped'} links, INC ring, codecs inside the collective")
+    runs = {}
+    info = None
+    with interrupt_on_sigterm(), TrainingTestbed(args.train_hosts, rate, args.train_mtu, args.train_name,
+                                                 progress.line) as bed:
+        for key, i in index.items():
+            cfg = configs[i]
+            try:
+                r = bed.run(cfg, progress.event)
+            except UserError as exc:
+                progress.line(f"{cfg.name}: FAILED: {exc}")
+                runs[key] = {"name": cfg.name, "config": asdict(cfg), "error": str(exc), "final_accuracy": None,
+                             "mean_last_epochs": None,
+                             "diverged": "diverged" in str(exc)}
+                continue
+            progress.result(r)
+            info = info or {"hosts": r.hosts, "dataset": r.dataset, "iters_per_epoch": r.iters_per_epoch,
+                            "iterations": r.iterations}
+            last = r.accuracy[-LAST_EPOCHS:] or [r.final_accuracy]
+            runs[key] = {"name": r.name, "config": r.config, "accuracy": r.accuracy,
+                         "final_accuracy": r.final_accuracy, "mean_last_epochs": sum(last) / len(last), "replicas_identical": r.replicas_identical,
+                         "iteration_seconds": r.times.get("iteration"), "codec_seconds": r.times.get("codec"),
+                         "app_bytes_sent": r.bytes.get("app_sent"), "error": None}
+    info = info or {"hosts": args.train_hosts, "dataset": data.name, "iters_per_epoch": None, "iterations": None}
+    return {"epochs": args.train_epochs, "rate": rate, "seed": args.seed, **info, "runs": runs}
+
+
+# --- report ---------------------------------------------------------------------------------------------
+
+def cpu_name() -> str:
+    from .codec import cpu_name as name
+
+    return name()
+
+
+def build_rows(rows: list[Row], qual: dict, times: dict, train: dict | None) -> list[dict]:
+    out = []
+    memcpy = times["memcpy"]
+    base = None
+    base_last = None
+    if train:
+        base = train["runs"]["baseline"]["final_accuracy"]
+        base_last = train["runs"]["baseline"]["mean_last_epochs"]
+        base_err = train["runs"]["baseline"]["error"]
+    out.append({"id": "float32", "label": "float32, no compression", "codec": None, "unit": "-",
+                "paper": "", "ratio": 1.0, "bits_per_value": 32.0, "nmse": 0.0, "ef_sum_nmse": None,
+                "encode": memcpy, "decode": memcpy, "accuracy": base, "accuracy_last_epochs": base_last,
+                "accuracy_from": "baseline" if train else None,
+                "training_error": base_err if train else None,
+                "note": "memcpy of the same bytes in the same rounds"})
+    for row in rows:
+        q = qual[row.id]
+        rid = row.train_as or row.id
+        acc = src = err = last = None
+        if train and rid in train["runs"]:
+            run = train["runs"][rid]
+            acc, last, src, err = run["final_accuracy"], run["mean_last_epochs"], rid, run["error"]
+        out.append({"id": row.id, "label": row.label, "codec": row.codec, "params": row.params, "unit": row.unit,
+                    "error_feedback": row.ef, "scaled": row.scaled, "paper": row.paper,
+                    "ratio": q["ratio"], "bits_per_value": q["bits_per_value"], "wire_bytes": q["wire_bytes"],
+                    "agreement_bytes": q["agreement_bytes"], "nmse": q["nmse"],
+                    "nmse_sequence": q.get("nmse_sequence"), "ef_sum_nmse": q.get("ef_sum_nmse"),
+                    "encode": times[f"encode {row.id}"], "decode": times[f"decode {row.id}"],
+                    "accuracy": acc, "accuracy_last_epochs": last, "accuracy_from": src, "training_error": err,
+                    "note": row.note})
+    return out
+
+
+def _gbps(t: dict) -> str:
+    return f"{t['gbps']:.2f} [{t['min_gbps']:.2f}-{t['max_gbps']:.2f}]"
+
+
+def _nm(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if v >= 1e-3 or v == 0 else f"{v:.2e}"
+
+
+def format_table(report: dict) -> str:
+    train = report.get("training")
+    head = (f"{'codec, settings':<28}{'unit':<9}{'ratio':>8}  {'paper':<31}{'bits/val':>8}{'NMSE':>10}"
+            f"{'EF sum':>10}  {'encode GB/s':<18}{'decode GB/s':<18}"
+            + (f"{'accuracy':>9}{'last ' + str(LAST_EPOCHS):>8}" if train else ""))
+    lines = [head, "-" * len(head)]
+    for r in report["rows"]:
+        if train is None:
+            acc = ""
+        elif r.get("training_error"):
+            acc = f"{'diverged' if 'diverged' in r['training_error'] else 'failed':>9}{'':>8}"
+        elif r["accuracy"] is None:
+            acc = f"{'n/a':>9}{'':>8}"
+        else:
+            mark = "*" if r["accuracy_from"] not in (r["id"], "baseline") else ""
+            acc = f"{100 * r['accuracy']:.2f}%{mark}".rjust(9) + f"{100 * r['accuracy_last_epochs']:.2f}%".rjust(8)
+        lines.append(f"{r['label']:<28}{r['unit']:<9}{r['ratio']:>7.2f}x  {r['paper']:<31}{r['bits_per_value']:>8.3f}"
+                     f"{_nm(r['nmse']):>10}{_nm(r['ef_sum_nmse']):>10}  {_gbps(r['encode']):<18}{_gbps(r['decode']):<18}"
+                     f"{acc}")
+    return "\n".join(lines)
+
+
+def print_report(report: dict) -> None:
+    g = report["gradients"]
+    print(f"Gradient codecs on real gradients: {g['captures']} gradients of the HDC model on {g['dataset']} "
+          f"({g['params']:,} parameters each, {g['values']:,} float32 values, {g['bytes'] / 1e6:.1f} MB), "
+          f"captured over its first two epochs")
+    print(f"CPU: {report['cpu']}; one thread; GB/s of float32 input, median of {report['rounds']} interleaved rounds "
+          f"[min-max]; load average {report['load_average'][0]:.1f} at the start, "
+          f"{report['load_average_end'][0]:.1f} at the end ({os.cpu_count()} cores)\n")
+    print(format_table(report))
+    print()
+    print("ratio: float32 bytes / bytes out, everything counted: headers, scalers, bitmaps, THC's table and power-of-two "
+          "padding, and 8 bytes per value agreed among workers before sending (INCEPTIONN scaled: one bucket maximum "
+          "per 64K values; THC: the norm).")
+    print("unit: value = per value over whole gradients; tensor = each layer's weight and bias on its own (10 per "
+          "gradient); gradient = the whole 789,010-value gradient as one vector.")
+    print("NMSE: ||decoded - g||^2 / ||g||^2 of one round trip, summed over the captures; for EF rows each capture "
+          "encoded with nothing accumulated, as a first step would be. EF sum: the rows with error feedback run it over the captures in order (3LC: "
+          "one accumulation buffer per tensor; THC: its e = x - RHT^-1(own quantized)); NMSE of the sum of all "
+          "decoded steps against the sum of the gradients (what is still pending in the residual).")
+    print("GB/s: as the row runs (encode with error feedback for EF rows; INCEPTIONN scaled: the codec on already-"
+          "scaled input), C paths through the Python API; decode of the blobs the row produced; float32 row: memcpy.")
+    train = report.get("training")
+    if train:
+        print(f"accuracy: final test accuracy of the HDC trained data-parallel with the INC ring on {train['hosts']} "
+              f"testbed hosts ({train['rate'] or 'unshaped'} links), {train['epochs']} epoch(s) = "
+              f"{train['iterations'] or '?'} iterations on {train['dataset']}, seed {train['seed']}; the codec runs inside "
+              f"the collective (compress=<codec>, built with its defaults: the settings of that row); float32 row = "
+              f"the uncompressed ring; last {LAST_EPOCHS}: mean test accuracy of the last {LAST_EPOCHS} epochs (it swings by "
+              f"several points from epoch to epoch on this small test set). * = the run of the row it differs from only losslessly (packing, ZRE). n/a: "
+              f"the training worker builds each codec with its default settings only.")
+        for run in train["runs"].values():
+            if run["error"]:
+                print(f"training run {run['name']} failed: {run['error']}")
+    else:
+        print("accuracy: not run (add --train-epochs E: one data-parallel training run per codec on a testbed).")
+
+
+def run(args) -> int:
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.captures < 1:
+        raise UserError(f"--captures must be at least 1, got {args.captures}")
+    if args.train_epochs < 0:
+        raise UserError(f"--train-epochs must be 0 (no training) or more, got {args.train_epochs}")
+    if args.train_epochs and args.train_hosts < 2:
+        raise UserError(f"--train-hosts must be at least 2 for data-parallel training, got {args.train_hosts}")
+    if args.train_max_iters is not None and args.train_max_iters < 1:
+        raise UserError(f"--train-max-iters must be at least 1, got {args.train_max_iters}")
+    rows = select_rows(args.codecs)
+    if args.train_epochs:  # check the testbed settings before minutes of measuring
+        from ..train.cli import rate_arg
+        from ..train.job import preflight_testbed
+
+        preflight_testbed(args.train_hosts, rate_arg(args.train_rate), args.train_mtu, args.train_name)
+    load0 = os.getloadavg()
+    g = load_gradients(args.data, args.captures, args.seed)
+    qual, blobs = {}, {}
+    for row in rows:
+        log(f"{row.label}: ratio and NMSE over {len(g.grads)} gradients ...")
+        qual[row.id], blobs[row.id] = quality(row, g, args.seed)
+    times = speed(rows, g, blobs, args.rounds, args.seed)
+    blobs.clear()
+    train = training(rows, args) if args.train_epochs else None
+    report = {
+        "gradients": {"dataset": g.dataset, "captures": len(g.grads), "params": g.params, "values": g.values,
+                      "bytes": g.nbytes, "tensors": [n for n, _ in g.tensors]},
+        "cpu": cpu_name(), "cores": os.cpu_count(), "rounds": args.rounds, "seed": args.seed,
+        "load_average": list(load0), "load_average_end": list(os.getloadavg()),
+        "workers_assumed": WORKERS, "bucket": BUCKET,
+        "rows": build_rows(rows, qual, times, train),
+        "training": train,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--data", metavar="PATH", help="MNIST (IDX file or folder, or .npz) for the gradients and the "
+                   "training runs; default: scikit-learn's digits, shipped with the package")
+    p.add_argument("--captures", type=int, default=8, help="gradients to capture from training (default 8)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
+    p.add_argument("--codecs", metavar="LIST", help=f"comma-separated codecs ({', '.join(CODEC_NAMES)}) and/or rows "
+                   f"({', '.join(ROW_IDS)}); default: every row")
+    p.add_argument("--seed", type=int, default=0, help="seed of the captures, the codecs' noise and the training "
+                   "runs (default 0)")
+    p.add_argument("--train-epochs", type=int, default=0, metavar="E",
+                   help="also train the HDC data-parallel for E epochs per codec (and uncompressed) on a testbed and "
+                   "report the final test accuracy; needs root, minutes per run (default 0: off)")
+    p.add_argument("--train-hosts", type=int, default=WORKERS, help=f"training workers (default {WORKERS})")
+    p.add_argument("--train-rate", default="none", help="training link rate, tc units, or none (default none: "
+                   "unshaped; accuracy does not depend on it)")
+    p.add_argument("--train-mtu", type=int, default=9000, help="training link MTU (default 9000)")
+    p.add_argument("--train-max-iters", type=int, metavar="N", help="at most N iterations per epoch (short runs)")
+    p.add_argument("--train-name", default="bcodecs", help="testbed name for the training runs (default bcodecs)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
