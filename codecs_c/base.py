@@ -93,3 +93,10 @@ def check_count(n) -> int:
     if n < 0:
         raise ValueError(f"value count must be >= 0, got {n}")
     return int(n)
+
+
+def check_choice(what: str, value, choices):
+    """Refuse a ``value`` that is not one of ``choices`` (a codec's impl, packing, ...)."""
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return value

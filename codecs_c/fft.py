@@ -19,9 +19,10 @@ from collections.abc import Hashable
 import numpy as np
 
 from . import fft_reference as ref
+from ._cffi_util import bytes_in, error_text
 from ._native import ffi, lib
-from .base import Codec, check_blob, check_count, check_out, check_vector
-from .memory import ErrorFeedback
+from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
+from .memory import ErrorFeedback, memory_from_arg
 
 IMPLS = ("c", "numpy")
 
@@ -91,14 +92,8 @@ class FFTCodec(Codec):
                 raise ValueError(f"{self.bits}-bit codes with mantissa_bits={mantissa_bits} would run past "
                                  f"float's exponent range: use more mantissa bits")
         self.mantissa_bits = mantissa_bits
-        if isinstance(error_feedback, ErrorFeedback):
-            self.memory = error_feedback
-        elif isinstance(error_feedback, bool):
-            self.memory = ErrorFeedback() if error_feedback else None
-        else:
-            raise TypeError(f"error_feedback must be a bool or an ErrorFeedback, got {error_feedback!r}")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        self.memory = memory_from_arg(error_feedback)
+        check_choice("impl", impl, IMPLS)
         self.impl = impl
 
     def __repr__(self) -> str:
@@ -148,7 +143,7 @@ class FFTCodec(Codec):
         if r == lib.FFT_E_ARG and self.mantissa_bits is not None:
             raise ValueError(f"mantissa_bits={self.mantissa_bits} leaves no valid range for {self.bits}-bit codes")
         if r < 0:
-            raise RuntimeError(f"fft encode failed: {ffi.string(lib.fft_strerror(r)).decode()}")
+            raise RuntimeError(f"fft encode failed: {error_text(lib.fft_strerror, r)}")
         return out.tobytes()
 
     def decode_spectrum(self, blob, n: int) -> np.ndarray:
@@ -160,10 +155,10 @@ class FFTCodec(Codec):
             return ref.decode_spectrum(bytes(view), n)
         spec = np.empty(ref.bins(n), dtype=np.complex64)
         err_at = ffi.new("size_t *")
-        r = lib.fft_decode(ffi.from_buffer(view) if view.nbytes else ffi.NULL, view.nbytes, n,
+        r = lib.fft_decode(bytes_in(view), view.nbytes, n,
                            ffi.cast("float *", ffi.from_buffer(spec)) if spec.size else ffi.NULL, err_at)
         if r != lib.FFT_OK:
-            raise ValueError(f"malformed FFT stream: {ffi.string(lib.fft_strerror(r)).decode()} at byte {err_at[0]} "
+            raise ValueError(f"malformed FFT stream: {error_text(lib.fft_strerror, r)} at byte {err_at[0]} "
                              f"(stream of {view.nbytes} bytes, {n} values)")
         return spec
 
@@ -184,9 +179,9 @@ class FFTCodec(Codec):
         """Header fields of a checked blob: bits, mantissa, eps, n, k, bins."""
         view = check_blob(blob)
         c = ffi.new("struct fft_info *")
-        r = lib.fft_inspect(ffi.from_buffer(view) if view.nbytes else ffi.NULL, view.nbytes, c)
+        r = lib.fft_inspect(bytes_in(view), view.nbytes, c)
         if r != lib.FFT_OK:
-            raise ValueError(f"malformed FFT stream: {ffi.string(lib.fft_strerror(r)).decode()}")
+            raise ValueError(f"malformed FFT stream: {error_text(lib.fft_strerror, r)}")
         return dict(bits=c.bits, mantissa=c.mantissa, eps=float(c.eps), n=c.n, k=c.k, bins=c.bins)
 
     def reset(self) -> None:
@@ -213,7 +208,7 @@ def range_float_roundtrip(v: np.ndarray, bits: int = 10, mantissa: int = 6, max_
     r = lib.fft_rf_quantize(ffi.cast("const float *", ffi.from_buffer(v)), v.size, bits, mantissa, pbase,
                             ffi.cast("uint16_t *", ffi.from_buffer(codes)))
     if r != lib.FFT_OK:
-        raise ValueError(f"range float: {ffi.string(lib.fft_strerror(r)).decode()}")
+        raise ValueError(f"range float: {error_text(lib.fft_strerror, r)}")
     lib.fft_rf_dequantize(ffi.cast("const uint16_t *", ffi.from_buffer(codes)), v.size, bits, mantissa, pbase,
                           ffi.cast("float *", ffi.from_buffer(out)))
     return out

@@ -3,6 +3,7 @@
  * float, bit packing and the checked decoder. The transform itself is numpy's (see fft.py).
  */
 #include "fft_codec.h"
+#include "codec_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,11 +48,6 @@ size_t fft_bins(size_t n)
     return L ? L / 2 + 1 : 0;
 }
 
-static size_t bits_to_bytes(size_t count, size_t w)
-{
-    return (count / 8) * w + ((count % 8) * w + 7) / 8;
-}
-
 size_t fft_encoded_size(size_t n, size_t k, int bits)
 {
     size_t K = fft_bins(n);
@@ -60,30 +56,11 @@ size_t fft_encoded_size(size_t n, size_t k, int bits)
     return FFT_HEADER_BYTES + (K + 7) / 8 + bits_to_bytes(2 * k, (size_t)bits);
 }
 
-static inline uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static inline uint64_t d2u(double f)
 {
     uint64_t u;
     memcpy(&u, &f, 8);
     return u;
-}
-
-static inline int nonfinite(float f)
-{
-    return (f2u(f) & 0x7F800000u) == 0x7F800000u;
 }
 
 /* --- range-based float ------------------------------------------------------------------------ */
@@ -178,24 +155,6 @@ static uint64_t radix_select(uint64_t *key, size_t K, size_t k, size_t *ties_out
     }
     *ties_out = remaining;
     return prefix;
-}
-
-struct packer {
-    uint8_t *out;
-    size_t pos;
-    uint64_t acc;
-    unsigned nbits;
-};
-
-static inline void pack(struct packer *p, uint32_t v, unsigned w)
-{
-    p->acc |= (uint64_t)v << p->nbits;
-    p->nbits += w;
-    while (p->nbits >= 8) {
-        p->out[p->pos++] = (uint8_t)p->acc;
-        p->acc >>= 8;
-        p->nbits -= 8;
-    }
 }
 
 /* Squared error of quantizing vals[0..count) with (m, pbase), summed left to right in double. */
@@ -301,15 +260,9 @@ ptrdiff_t fft_encode(const float *spec, size_t n, size_t k, int bits, int mantis
     struct packer p = {out, FFT_HEADER_BYTES + bitmap_bytes, 0, 0};
     for (size_t i = 0; i < 2 * k; i++)
         pack(&p, rf_code(kept[i], bits, m, pbase), (unsigned)bits);
-    if (p.nbits > 0)
-        out[p.pos++] = (uint8_t)p.acc;
+    pack_flush(&p);
     free(kept);
     return (ptrdiff_t)p.pos;
-}
-
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 int fft_inspect(const uint8_t *in, size_t len, struct fft_info *info)
@@ -324,11 +277,11 @@ int fft_inspect(const uint8_t *in, size_t len, struct fft_info *info)
     int bits = in[2], m = in[3];
     if (!rf_params_ok(bits, m))
         return FFT_E_HEADER;
-    uint32_t eps = rd32(in + 4);
+    uint32_t eps = get_u32(in + 4);
     uint32_t pbase = eps >> (23 - m);
     if ((eps >> 31) != 0 || (pbase << (23 - m)) != eps || !rf_pbase_ok(pbase, bits, m))
         return FFT_E_RANGE;
-    uint32_t n = rd32(in + 8), k = rd32(in + 12);
+    uint32_t n = get_u32(in + 8), k = get_u32(in + 12);
     size_t K = fft_bins(n);
     if (n > FFT_MAX_N || k > K)
         return FFT_E_COUNT;

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import inceptionn_reference as ref
-from .base import Codec, check_blob, check_out, check_vector
+from ._cffi_util import decode_stream, error_text
 from ._native import ffi, lib
+from .base import Codec, check_blob, check_choice, check_out, check_vector
 
 IMPLS = {"auto": lib.INC_IMPL_AUTO, "scalar": lib.INC_IMPL_SCALAR, "avx2": lib.INC_IMPL_AVX2, "numpy": None}
 TIER_NAMES = ("0bit", "8bit", "16bit", "32bit")
@@ -32,8 +33,7 @@ class InceptionnCodec(Codec):
         if not lib.INC_MIN_ERROR_BOUND <= error_bound <= lib.INC_MAX_ERROR_BOUND:
             raise ValueError(f"error_bound must be between {lib.INC_MIN_ERROR_BOUND} and "
                              f"{lib.INC_MAX_ERROR_BOUND} (the bound is 2^error_bound), got {error_bound}")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        check_choice("impl", impl, IMPLS)
         if impl == "avx2" and not have_avx2():
             raise ValueError("impl='avx2' requested but this CPU has no AVX2")
         self.error_bound = int(error_bound)
@@ -68,7 +68,7 @@ class InceptionnCodec(Codec):
             raise ValueError(f"output buffer of {len(dst)} bytes is too small "
                              f"(max_encoded_size({x.size}) = {max_encoded_size(x.size)})")
         if r < 0:
-            raise RuntimeError(f"inceptionn encode failed: {ffi.string(lib.inc_strerror(r)).decode()}")
+            raise RuntimeError(f"inceptionn encode failed: {error_text(lib.inc_strerror, r)}")
         return int(r)
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
@@ -77,15 +77,8 @@ class InceptionnCodec(Codec):
         if self.impl == "numpy":
             out[:] = ref.decode(bytes(view), out.size)
             return out
-        err_at = ffi.new("size_t *")
-        src = ffi.from_buffer(view) if view.nbytes else ffi.NULL
-        r = lib.inc_decode(ffi.cast("const uint8_t *", src), view.nbytes,
-                           ffi.cast("float *", ffi.from_buffer(out, require_writable=True)) if out.size else ffi.NULL,
-                           out.size, err_at, self._impl_code)
-        if r != lib.INC_OK:
-            raise ValueError(f"malformed inceptionn stream: {ffi.string(lib.inc_strerror(r)).decode()} "
-                             f"at byte {err_at[0]} (stream of {view.nbytes} bytes, {out.size} values)")
-        return out
+        return decode_stream(lib.inc_decode, lib.inc_strerror, lib.INC_OK, "inceptionn", view, out,
+                             self._impl_code)
 
     def check_count_fits(self, nbytes: int, n: int) -> None:
         groups = -(-n // 8)

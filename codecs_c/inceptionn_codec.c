@@ -5,6 +5,7 @@
  */
 #include "inceptionn_codec.h"
 #include "inceptionn_codec_internal.h"
+#include "codec_util.h"
 
 #include <string.h>
 
@@ -19,16 +20,7 @@ size_t inc_max_encoded_size(size_t n)
 
 int inc_have_avx2(void)
 {
-#if INC_X86
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return cached;
-#else
-    return 0;
-#endif
+    return cpu_has_avx2();
 }
 
 const char *inc_strerror(int status)

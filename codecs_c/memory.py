@@ -58,3 +58,13 @@ class ErrorFeedback:
 
     def __len__(self) -> int:
         return len(self._residual)
+
+
+def memory_from_arg(error_feedback) -> ErrorFeedback | None:
+    """A codec's ``error_feedback`` argument: an ErrorFeedback to share, True for a fresh one,
+    False for none."""
+    if isinstance(error_feedback, ErrorFeedback):
+        return error_feedback
+    if isinstance(error_feedback, bool):
+        return ErrorFeedback() if error_feedback else None
+    raise TypeError(f"error_feedback must be a bool or an ErrorFeedback, got {error_feedback!r}")

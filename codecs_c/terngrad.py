@@ -26,8 +26,9 @@ import secrets
 import numpy as np
 
 from . import terngrad_reference as ref
-from .base import Codec, check_blob, check_out, check_vector
+from ._cffi_util import decode_stream, error_text
 from ._native import ffi, lib
+from .base import Codec, check_blob, check_choice, check_out, check_vector
 
 PACKINGS = {"2bit": lib.TG_PACK_2BIT, "base3": lib.TG_PACK_BASE3}
 IMPLS = ("auto", "c", "numpy")
@@ -36,13 +37,12 @@ HEADER_BYTES = lib.TG_HEADER_BYTES
 
 def encoded_size(n: int, packing: str = "2bit") -> int:
     """Exact stream length of n values (12-byte header + payload)."""
-    if packing not in PACKINGS:
-        raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    check_choice("packing", packing, PACKINGS)
     return ref.encoded_size(n, packing)
 
 
 def _error(r: int) -> str:
-    return ffi.string(lib.tg_strerror(r)).decode()
+    return error_text(lib.tg_strerror, r)
 
 
 class TernGradCodec(Codec):
@@ -54,8 +54,7 @@ class TernGradCodec(Codec):
 
     def __init__(self, packing: str = "2bit", clip: float | None = 2.5, share_scaler: bool = False,
                  seed: int | None = None, impl: str = "auto"):
-        if packing not in PACKINGS:
-            raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+        check_choice("packing", packing, PACKINGS)
         if clip is not None:
             if isinstance(clip, bool) or not isinstance(clip, (int, float, np.integer, np.floating)):
                 raise TypeError(f"clip must be a number of standard deviations or None, got {clip!r}")
@@ -69,8 +68,7 @@ class TernGradCodec(Codec):
             raise TypeError(f"seed must be an integer or None, got {seed!r}")
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed must be in [0, 2^64), got {seed}")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        check_choice("impl", impl, IMPLS)
         self.packing = packing
         self.clip = float(clip) if clip else 0.0
         self.share_scaler = share_scaler
@@ -153,15 +151,7 @@ class TernGradCodec(Codec):
         if self.impl == "numpy":
             out[:] = ref.decode(bytes(view), out.size)
             return out
-        err_at = ffi.new("size_t *")
-        src = ffi.from_buffer(view) if view.nbytes else ffi.NULL
-        r = lib.tg_decode(ffi.cast("const uint8_t *", src), view.nbytes,
-                          ffi.cast("float *", ffi.from_buffer(out, require_writable=True)) if out.size else ffi.NULL,
-                          out.size, err_at)
-        if r != lib.TG_OK:
-            raise ValueError(f"malformed terngrad stream: {_error(r)} at byte {err_at[0]} "
-                             f"(stream of {view.nbytes} bytes, {out.size} values)")
-        return out
+        return decode_stream(lib.tg_decode, lib.tg_strerror, lib.TG_OK, "terngrad", view, out)
 
     def check_count_fits(self, nbytes: int, n: int) -> None:
         sizes = (ref.encoded_size(n, "2bit"), ref.encoded_size(n, "base3"))

@@ -4,6 +4,7 @@
  * seed and draw counter; the tests hold them so.
  */
 #include "terngrad_codec.h"
+#include "codec_util.h"
 #include "threelc_base3.h"
 
 #include <math.h>
@@ -18,11 +19,7 @@
 #define TG_U_MASK ((1u << TG_RANDOM_BITS) - 1)
 #define TG_CHUNK 640 /* values ternarized per packing step: a multiple of 2, 4 and 5 */
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TG_X86 1
-#else
-#define TG_X86 0
-#endif
+#define TG_X86 CU_X86
 
 size_t tg_encoded_size(size_t n, int packing)
 {
@@ -56,27 +53,6 @@ const char *tg_strerror(int status)
     case TG_E_NONFINITE: return "input holds NaN or infinity";
     default: return "unknown error";
     }
-}
-
-static inline uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 void tg_random(uint64_t seed, uint64_t draw, size_t count, uint64_t *out)
@@ -118,15 +94,7 @@ static inline __attribute__((always_inline)) uint32_t stats_kernel(const float *
         memcpy(sums, l, sizeof l);
         memcpy(sums + 8, q, sizeof q);
     } else {
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++) {
-                uint32_t a = f2u(in[i + j]) & 0x7FFFFFFFu;
-                mx[j] = a > mx[j] ? a : mx[j];
-            }
-        for (int j = 0; i < n; i++, j++) {
-            uint32_t a = f2u(in[i]) & 0x7FFFFFFFu;
-            mx[j] = a > mx[j] ? a : mx[j];
-        }
+        return max_abs_kernel(in, n);
     }
     uint32_t m = 0;
     for (int j = 0; j < 8; j++)
@@ -150,24 +118,12 @@ static int simd_enabled = 1;
 
 int tg_simd(int enable)
 {
-    int was = simd_enabled;
-    if (enable >= 0)
-        simd_enabled = enable != 0;
-    return was;
+    return simd_switch(&simd_enabled, enable);
 }
 
 static int have_avx2(void)
 {
-#if TG_X86
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return cached && simd_enabled;
-#else
-    return 0;
-#endif
+    return cpu_has_avx2() && simd_enabled;
 }
 
 int tg_scaler(const float *in, size_t n, double clip, float *scaler, float *bound)
@@ -200,19 +156,6 @@ int tg_scaler(const float *in, size_t n, double clip, float *scaler, float *boun
     *scaler = mx < b ? mx : b;
     *bound = b;
     return TG_OK;
-}
-
-static inline void put_u32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static inline uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 /*

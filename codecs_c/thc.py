@@ -21,9 +21,10 @@ import numpy as np
 
 from . import thc_reference as ref
 from . import thc_table_gen
+from ._cffi_util import bytes_in, error_text, floats_out
 from ._native import ffi, lib
-from .base import Codec, check_blob, check_count, check_out, check_vector
-from .memory import ErrorFeedback
+from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
+from .memory import ErrorFeedback, memory_from_arg
 from .thc_table import TABLES
 
 IMPLS = ("c", "numpy")
@@ -91,14 +92,8 @@ class THCCodec(Codec):
         if noise_seed is not None:
             noise_seed = _int_param("noise_seed", noise_seed, 0, _U64 - 1)
         self._noise = np.random.default_rng(noise_seed)  # per worker: independent rounding noise
-        if isinstance(error_feedback, ErrorFeedback):
-            self.memory = error_feedback
-        elif isinstance(error_feedback, bool):
-            self.memory = ErrorFeedback() if error_feedback else None
-        else:
-            raise TypeError(f"error_feedback must be a bool or an ErrorFeedback, got {error_feedback!r}")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        self.memory = memory_from_arg(error_feedback)
+        check_choice("impl", impl, IMPLS)
         self.impl = impl
         self._table_c = ffi.new("uint8_t[]", bytes(self.table))
         self._agreed: tuple[float, int] | None = None  # (l, round number)
@@ -173,11 +168,11 @@ class THCCodec(Codec):
         if r == lib.THC_E_NONFINITE:
             raise ValueError("THC input holds a non-finite value, or overflows float32 in the transform")
         if r < 0:
-            raise RuntimeError(f"thc encode failed: {ffi.string(lib.thc_strerror(r)).decode()}")
+            raise RuntimeError(f"thc encode failed: {error_text(lib.thc_strerror, r)}")
         return out.tobytes()
 
     def _fail(self, r: int, at: int, nbytes: int, n: int):
-        raise ValueError(f"malformed THC stream: {ffi.string(lib.thc_strerror(r)).decode()} at byte {at} "
+        raise ValueError(f"malformed THC stream: {error_text(lib.thc_strerror, r)} at byte {at} "
                          f"(stream of {nbytes} bytes, {n} values)")
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
@@ -189,8 +184,7 @@ class THCCodec(Codec):
         work = np.empty(ref.padded_dim(out.size), dtype=np.float32)
         err_at = ffi.new("size_t *")
         r = lib.thc_decode(ffi.from_buffer(view), view.nbytes, out.size, ffi.cast("float *", ffi.from_buffer(work)),
-                           ffi.cast("float *", ffi.from_buffer(out, require_writable=True)) if out.size else ffi.NULL,
-                           err_at)
+                           floats_out(out), err_at)
         if r != lib.THC_OK:
             self._fail(r, err_at[0], view.nbytes, out.size)
         return out
@@ -226,7 +220,7 @@ class THCCodec(Codec):
             info["range"] = float(info["range"])
             return info
         c = ffi.new("struct thc_info *")
-        r = lib.thc_inspect(ffi.from_buffer(view) if view.nbytes else ffi.NULL, view.nbytes, c)
+        r = lib.thc_inspect(bytes_in(view), view.nbytes, c)
         if r != lib.THC_OK:
             self._fail(r, 0, view.nbytes, -1)
         return dict(kind=c.kind, bits=c.bits, granularity=c.granularity, width=c.width, log2_dim=c.log2_dim,
@@ -272,7 +266,7 @@ class THCCodec(Codec):
         err_at = ffi.new("size_t *")
         r = lib.thc_sum(ptrs, lens, len(views), n, width, ffi.cast("uint8_t *", ffi.from_buffer(out)), out.size, err_at)
         if r < 0:
-            raise ValueError(f"cannot sum THC blobs: {ffi.string(lib.thc_strerror(r)).decode()} (blob {err_at[0]})")
+            raise ValueError(f"cannot sum THC blobs: {error_text(lib.thc_strerror, r)} (blob {err_at[0]})")
         return out.tobytes()
 
     def decode_sum(self, summed, n: int, count: int | None = None, reduce: str = "mean") -> np.ndarray:

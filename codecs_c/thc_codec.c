@@ -4,6 +4,7 @@
  * (thc_reference.py) follows the same operation order and the tests hold the two bit-identical.
  */
 #include "thc_codec.h"
+#include "codec_util.h"
 
 #include <string.h>
 
@@ -53,14 +54,7 @@ size_t thc_blob_size(size_t n, int bits, int width)
     size_t d = thc_padded_dim(n);
     if (d == 0 || bits < 1 || bits > THC_MAX_BITS || width < 1 || width > 32)
         return 0;
-    return THC_HEADER_BYTES + ((size_t)1 << bits) + (d / 8) * (size_t)width + ((d % 8) * (size_t)width + 7) / 8;
-}
-
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return THC_HEADER_BYTES + ((size_t)1 << bits) + bits_to_bytes(d, (size_t)width);
 }
 
 uint64_t thc_random_word(uint64_t seed, uint64_t j)
@@ -74,20 +68,6 @@ double thc_sum_squares(const float *x, size_t n)
     for (size_t i = 0; i < n; i++)
         s += (double)x[i] * (double)x[i];
     return s;
-}
-
-static inline uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 static inline int is_pow2(size_t d)
@@ -213,33 +193,6 @@ int thc_check_table(const uint8_t *table, int bits, int g)
     return THC_OK;
 }
 
-/* LSB-first bit packing of w-bit elements. */
-struct packer {
-    uint8_t *out;
-    size_t pos;
-    uint64_t acc;
-    unsigned nbits;
-};
-
-static inline void pack(struct packer *p, uint32_t v, unsigned w)
-{
-    p->acc |= (uint64_t)v << p->nbits;
-    p->nbits += w;
-    while (p->nbits >= 8) {
-        p->out[p->pos++] = (uint8_t)p->acc;
-        p->acc >>= 8;
-        p->nbits -= 8;
-    }
-}
-
-static inline void pack_flush(struct packer *p)
-{
-    if (p->nbits > 0)
-        p->out[p->pos++] = (uint8_t)p->acc;
-    p->acc = 0;
-    p->nbits = 0;
-}
-
 struct unpacker {
     const uint8_t *in;
     size_t pos;
@@ -271,19 +224,11 @@ static void write_header(uint8_t *o, int kind, int bits, int g, int width, int l
     o[5] = (uint8_t)width;
     o[6] = (uint8_t)log2d;
     o[7] = 0;
-    for (int i = 0; i < 4; i++)
-        o[8 + i] = (uint8_t)(count >> (8 * i));
-    uint32_t r = f2u(range);
-    for (int i = 0; i < 4; i++)
-        o[12 + i] = (uint8_t)(r >> (8 * i));
+    put_u32(o + 8, count);
+    put_u32(o + 12, f2u(range));
     for (int i = 0; i < 8; i++)
         o[16 + i] = (uint8_t)(seed >> (8 * i));
     memcpy(o + THC_HEADER_BYTES, table, (size_t)1 << bits);
-}
-
-static inline int nonfinite(float f)
-{
-    return (f2u(f) & 0x7F800000u) == 0x7F800000u;
 }
 
 ptrdiff_t thc_encode(const float *in, size_t n, float range, uint64_t rot_seed, uint64_t noise_seed,
@@ -356,11 +301,6 @@ ptrdiff_t thc_encode(const float *in, size_t n, float range, uint64_t rot_seed, 
     return (ptrdiff_t)p.pos;
 }
 
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
 int thc_inspect(const uint8_t *in, size_t len, struct thc_info *info)
 {
     if ((len > 0 && in == NULL) || info == NULL)
@@ -373,7 +313,7 @@ int thc_inspect(const uint8_t *in, size_t len, struct thc_info *info)
     if (len < THC_HEADER_BYTES)
         return THC_E_TRUNCATED;
     int kind = in[2], bits = in[3], g = in[4], width = in[5], log2d = in[6];
-    uint32_t count = rd32(in + 8);
+    uint32_t count = get_u32(in + 8);
     if (kind != THC_KIND_INDEX && kind != THC_KIND_SUM)
         return THC_E_HEADER;
     if (bits < 1 || bits > THC_MAX_BITS || g < (1 << bits) - 1 || in[7] != 0 || log2d > THC_MAX_LOG2_DIM)
@@ -382,7 +322,7 @@ int thc_inspect(const uint8_t *in, size_t len, struct thc_info *info)
                                : ((width != 8 && width != 16 && width != 32) || count == 0 ||
                                   (uint64_t)count * (uint64_t)g > (width == 32 ? 0xFFFFFFFFull : (1ull << width) - 1)))
         return THC_E_HEADER;
-    float range = u2f(rd32(in + 12));
+    float range = u2f(get_u32(in + 12));
     if (nonfinite(range) || range < 0.0f)
         return THC_E_NONFINITE;
     size_t levels = (size_t)1 << bits;
@@ -391,7 +331,7 @@ int thc_inspect(const uint8_t *in, size_t len, struct thc_info *info)
     if (thc_check_table(in + THC_HEADER_BYTES, bits, g) != THC_OK)
         return THC_E_TABLE;
     size_t d = (size_t)1 << log2d;
-    size_t total = THC_HEADER_BYTES + levels + (d / 8) * (size_t)width + ((d % 8) * (size_t)width + 7) / 8;
+    size_t total = THC_HEADER_BYTES + levels + bits_to_bytes(d, (size_t)width);
     if (len < total)
         return THC_E_TRUNCATED;
     if (len > total)
@@ -527,7 +467,7 @@ static inline uint32_t get_elem(const uint8_t *p, size_t i, unsigned width)
         return p[i];
     if (width == 16)
         return (uint32_t)p[2 * i] | ((uint32_t)p[2 * i + 1] << 8);
-    return rd32(p + 4 * i);
+    return get_u32(p + 4 * i);
 }
 
 static inline void put_elem(uint8_t *p, size_t i, unsigned width, uint32_t v)

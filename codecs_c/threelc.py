@@ -18,8 +18,9 @@ from collections.abc import Hashable
 import numpy as np
 
 from . import threelc_reference as ref
-from .base import Codec, check_blob, check_out, check_vector
+from ._cffi_util import decode_stream, error_text, floats_out
 from ._native import ffi, lib
+from .base import Codec, check_blob, check_choice, check_out, check_vector
 from .memory import ErrorFeedback
 
 IMPLS = ("auto", "c", "numpy")
@@ -38,7 +39,7 @@ def min_encoded_size(n: int) -> int:
 
 
 def _error(r: int) -> str:
-    return ffi.string(lib.tlc_strerror(r)).decode()
+    return error_text(lib.tlc_strerror, r)
 
 
 class ThreeLCCodec(Codec):
@@ -57,8 +58,7 @@ class ThreeLCCodec(Codec):
             raise TypeError(f"zre must be True or False, got {zre!r}")
         if memory is not None and not isinstance(memory, ErrorFeedback):
             raise TypeError(f"memory must be an ErrorFeedback, got {type(memory).__name__}")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        check_choice("impl", impl, IMPLS)
         self.zre = zre
         self.memory = memory if memory is not None else ErrorFeedback()
         self.impl = "c" if impl == "auto" else impl
@@ -78,8 +78,7 @@ class ThreeLCCodec(Codec):
         rec = np.empty(x.size, dtype=np.float32) if recon else None
         r = lib.tlc_encode(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.sparsity,
                            int(self.zre), ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
-                           out.size, ffi.cast("float *", ffi.from_buffer(rec, require_writable=True))
-                           if recon and x.size else ffi.NULL)
+                           out.size, floats_out(rec) if recon else ffi.NULL)
         if r < 0:
             raise ValueError(f"3lc encode: {_error(r)}")
         return out[:r].tobytes(), rec
@@ -111,15 +110,7 @@ class ThreeLCCodec(Codec):
         if self.impl == "numpy":
             out[:] = ref.decode(bytes(view), out.size)
             return out
-        err_at = ffi.new("size_t *")
-        src = ffi.from_buffer(view) if view.nbytes else ffi.NULL
-        r = lib.tlc_decode(ffi.cast("const uint8_t *", src), view.nbytes,
-                           ffi.cast("float *", ffi.from_buffer(out, require_writable=True)) if out.size else ffi.NULL,
-                           out.size, err_at)
-        if r != lib.TLC_OK:
-            raise ValueError(f"malformed 3lc stream: {_error(r)} at byte {err_at[0]} "
-                             f"(stream of {view.nbytes} bytes, {out.size} values)")
-        return out
+        return decode_stream(lib.tlc_decode, lib.tlc_strerror, lib.TLC_OK, "3lc", view, out)
 
     def check_count_fits(self, nbytes: int, n: int) -> None:
         if n > lib.TLC_MAX_COUNT or not min_encoded_size(n) <= nbytes <= max_encoded_size(n):

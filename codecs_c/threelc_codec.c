@@ -3,6 +3,7 @@
  * The numpy reference (threelc_reference.py) must agree bit for bit; the tests hold them so.
  */
 #include "threelc_codec.h"
+#include "codec_util.h"
 #include "threelc_base3.h"
 
 #include <math.h>
@@ -35,25 +36,7 @@ const char *tlc_strerror(int status)
     }
 }
 
-static inline uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TLC_X86 1
-#else
-#define TLC_X86 0
-#endif
+#define TLC_X86 CU_X86
 
 #define TLC_CHUNK 640 /* values quantized per packing step, a multiple of 5 */
 
@@ -61,48 +44,16 @@ static int simd_enabled = 1;
 
 int tlc_simd(int enable)
 {
-    int was = simd_enabled;
-    if (enable >= 0)
-        simd_enabled = enable != 0;
-    return was;
+    return simd_switch(&simd_enabled, enable);
 }
 
 static int use_avx2(void)
 {
-#if TLC_X86
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return cached && simd_enabled;
-#else
-    return 0;
-#endif
+    return cpu_has_avx2() && simd_enabled;
 }
 
 /* The kernels are flat loops the compiler vectorizes; each is compiled for the baseline and, on
  * x86-64, for AVX2, chosen at run time. Both compute the same exact operations. */
-
-/* Largest |x| as bits (NaN and infinity sort above every finite value). */
-static inline __attribute__((always_inline)) uint32_t max_abs_kernel(const float *in, size_t n)
-{
-    uint32_t mx[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) {
-            uint32_t a = f2u(in[i + j]) & 0x7FFFFFFFu;
-            mx[j] = a > mx[j] ? a : mx[j];
-        }
-    for (int j = 0; i < n; i++, j++) {
-        uint32_t a = f2u(in[i]) & 0x7FFFFFFFu;
-        mx[j] = a > mx[j] ? a : mx[j];
-    }
-    uint32_t m = 0;
-    for (int j = 0; j < 8; j++)
-        m = mx[j] > m ? mx[j] : m;
-    return m;
-}
 
 /* Digits Q+1 of m values: 2 if A > M/2, 0 if A < -M/2, else 1. 2|A| > M is exact in float32:
  * doubling only overflows when |A| > FLT_MAX/2 >= M/2, where the answer is "above" anyway. A tie
@@ -169,19 +120,6 @@ int tlc_scaler(const float *in, size_t n, float s, float *m)
         return TLC_E_RANGE;
     *m = v;
     return TLC_OK;
-}
-
-static inline void put_u32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static inline uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 /* Flush a pending run of `run` zero bytes (0 <= run <= 14) as ZRE output. */

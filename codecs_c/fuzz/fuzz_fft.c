@@ -10,33 +10,25 @@
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "fft_codec.h"
+#include "fuzz_util.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-static int finite(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u & 0x7F800000u) != 0x7F800000u;
-}
 
 static void decode_case(const uint8_t *data, size_t size)
 {
     if (size < 3)
         return;
-    size_t n = (size_t)data[1] | ((size_t)data[2] << 8);
+    size_t n = fz_le16(data + 1);
     size_t len = size - 3;
-    uint8_t *blob = malloc(len ? len : 1);
-    if (len)
-        memcpy(blob, data + 3, len);
+    uint8_t *blob = fz_exact(data + 3, len);
     size_t K = fft_bins(n);
     float *spec = malloc(K ? 2 * K * sizeof(float) : 1);
     size_t at = 0;
     int r = fft_decode(blob, len, n, K ? spec : NULL, &at);
     if (r == FFT_OK) {
         for (size_t i = 0; i < 2 * K; i++)
-            if (!finite(spec[i]))
+            if (!fz_finite(spec[i]))
                 abort();
     } else if (r > 0 || r < FFT_E_NOMEM || at > len) {
         abort();
@@ -65,7 +57,7 @@ static void encode_case(const uint8_t *data, size_t size)
     ptrdiff_t r = fft_encode(K ? spec : NULL, n, k, bits, m, out, cap);
     int nonfinite = 0;
     for (size_t i = 0; i < 2 * K; i++)
-        nonfinite |= !finite(spec[i]);
+        nonfinite |= !fz_finite(spec[i]);
     if (r == FFT_E_NONFINITE) {
         if (!nonfinite)
             abort();
@@ -79,7 +71,7 @@ static void encode_case(const uint8_t *data, size_t size)
         if (fft_decode(out, cap, n, K ? back : NULL, NULL) != FFT_OK)
             abort();
         for (size_t i = 0; i < 2 * K; i++) /* truncation never grows a magnitude */
-            if (!finite(back[i]) || (back[i] < 0 ? -back[i] : back[i]) > (spec[i] < 0 ? -spec[i] : spec[i]))
+            if (!fz_finite(back[i]) || (back[i] < 0 ? -back[i] : back[i]) > (spec[i] < 0 ? -spec[i] : spec[i]))
                 abort();
         free(back);
     }
@@ -89,11 +81,5 @@ static void encode_case(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size == 0)
-        return 0;
-    if (data[0] & 1)
-        encode_case(data, size);
-    else
-        decode_case(data, size);
-    return 0;
+    return fz_dispatch(data, size, decode_case, encode_case);
 }

@@ -7,6 +7,7 @@
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "inceptionn_codec.h"
+#include "fuzz_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,11 +16,10 @@ static void decode_case(const uint8_t *data, size_t size)
 {
     if (size < 3)
         return;
-    size_t n = (size_t)data[1] | ((size_t)data[2] << 8);
+    size_t n = fz_le16(data + 1);
     size_t len = size - 3;
-    uint8_t *stream = malloc(len ? len : 1);
-    memcpy(stream, data + 3, len);
-    float *a = malloc(n ? n * sizeof(float) : 1), *b = malloc(n ? n * sizeof(float) : 1);
+    uint8_t *stream = fz_exact(data + 3, len);
+    float *a = fz_floats(n), *b = fz_floats(n);
     size_t at_a = 0, at_b = 0;
     int ra = inc_decode(stream, len, a, n, &at_a, INC_IMPL_SCALAR);
     int rb = inc_have_avx2() ? inc_decode(stream, len, b, n, &at_b, INC_IMPL_AVX2) : ra;
@@ -40,7 +40,7 @@ static void encode_case(const uint8_t *data, size_t size)
         return;
     int k = -1 - (int)(data[1] % 30);
     size_t n = (size - 2) / sizeof(float);
-    float *x = malloc(n ? n * sizeof(float) : 1);
+    float *x = fz_floats(n);
     memcpy(x, data + 2, n * sizeof(float));
     size_t cap = inc_max_encoded_size(n);
     uint8_t *a = malloc(cap ? cap : 1), *b = malloc(cap ? cap : 1);
@@ -48,7 +48,7 @@ static void encode_case(const uint8_t *data, size_t size)
     ptrdiff_t rb = inc_have_avx2() ? inc_encode(x, n, k, b, cap, INC_IMPL_AVX2) : ra;
     if (ra < 0 || ra != rb || (inc_have_avx2() && memcmp(a, b, (size_t)ra) != 0))
         abort();
-    float *y = malloc(n ? n * sizeof(float) : 1);
+    float *y = fz_floats(n);
     if (inc_decode(a, (size_t)ra, y, n, NULL, INC_IMPL_AUTO) != INC_OK)
         abort();
     free(x);
@@ -59,11 +59,5 @@ static void encode_case(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size == 0)
-        return 0;
-    if (data[0] & 1)
-        encode_case(data, size);
-    else
-        decode_case(data, size);
-    return 0;
+    return fz_dispatch(data, size, decode_case, encode_case);
 }

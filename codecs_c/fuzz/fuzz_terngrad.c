@@ -10,6 +10,7 @@
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "terngrad_codec.h"
+#include "fuzz_util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -18,16 +19,9 @@
 static void decode_case(const uint8_t *data, size_t size)
 {
     size_t len = size - 1;
-    uint8_t *stream = malloc(len ? len : 1);
-    memcpy(stream, data + 1, len);
-    size_t n = data[0] >> 2;
-    if ((data[0] & 2) && len >= TG_HEADER_BYTES) {
-        n = (size_t)stream[8] | ((size_t)stream[9] << 8) | ((size_t)stream[10] << 16) |
-            ((size_t)stream[11] << 24);
-        if (n > 65535)
-            n = 65535;
-    }
-    float *y = malloc(n ? n * sizeof(float) : 1);
+    uint8_t *stream = fz_exact(data + 1, len);
+    size_t n = fz_stream_count(data[0], stream, len, TG_HEADER_BYTES);
+    float *y = fz_floats(n);
     size_t at = 0;
     int r = tg_decode(len ? stream : NULL, len, y, n, &at);
     if (r == TG_OK) {
@@ -53,7 +47,7 @@ static void encode_case(const uint8_t *data, size_t size)
     uint64_t seed;
     memcpy(&seed, data + 2, 8);
     size_t n = (size - 10) / sizeof(float);
-    float *x = malloc(n ? n * sizeof(float) : 1), *y = malloc(n ? n * sizeof(float) : 1);
+    float *x = fz_floats(n), *y = fz_floats(n);
     memcpy(x, data + 10, n * sizeof(float));
     float own = 0, bound = 0;
     size_t cap = tg_encoded_size(n, packing);
@@ -82,8 +76,7 @@ static void encode_case(const uint8_t *data, size_t size)
         if (!(y[i] == 0.0f || (y[i] == S && x[i] > 0) || (y[i] == -S && x[i] < 0)))
             abort();
     for (size_t len = cap > 8 ? cap - 8 : 0; len < cap; len++) {
-        uint8_t *t = malloc(len ? len : 1);
-        memcpy(t, out, len);
+        uint8_t *t = fz_exact(out, len);
         if (tg_decode(len ? t : NULL, len, y, n, NULL) == TG_OK)
             abort();
         free(t);
@@ -96,11 +89,5 @@ done:
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size == 0)
-        return 0;
-    if (data[0] & 1)
-        encode_case(data, size);
-    else
-        decode_case(data, size);
-    return 0;
+    return fz_dispatch(data, size, decode_case, encode_case);
 }

@@ -10,32 +10,18 @@
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "thc_codec.h"
+#include "fuzz_util.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 static const uint8_t T4[16] = {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30};
 
-static int finite(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u & 0x7F800000u) != 0x7F800000u;
-}
-
-static uint8_t *exact(const uint8_t *src, size_t len)
-{
-    uint8_t *p = malloc(len ? len : 1);
-    if (len)
-        memcpy(p, src, len);
-    return p;
-}
-
 static void check_decodes(const uint8_t *blob, size_t len, size_t n)
 {
     size_t d = thc_padded_dim(n);
     float *work = malloc(d * sizeof(float)), *work2 = malloc(d * sizeof(float));
-    float *out = malloc(n ? n * sizeof(float) : 1);
+    float *out = fz_floats(n);
     size_t at = 0, at2 = 0;
     int r = thc_decode(blob, len, n, work, out, &at);
     int r2 = thc_decode_rotated(blob, len, n, work2, &at2);
@@ -43,7 +29,7 @@ static void check_decodes(const uint8_t *blob, size_t len, size_t n)
         abort();
     if (r == THC_OK)
         for (size_t i = 0; i < n; i++)
-            if (!finite(out[i]))
+            if (!fz_finite(out[i]))
                 abort();
     if (r > 0 || r < THC_E_NONFINITE)
         abort();
@@ -56,8 +42,8 @@ static void decode_case(const uint8_t *data, size_t size)
 {
     if (size < 3)
         return;
-    size_t n = (size_t)data[1] | ((size_t)data[2] << 8);
-    uint8_t *blob = exact(data + 3, size - 3);
+    size_t n = fz_le16(data + 1);
+    uint8_t *blob = fz_exact(data + 3, size - 3);
     check_decodes(blob, size - 3, n);
     free(blob);
 }
@@ -66,14 +52,14 @@ static void sum_case(const uint8_t *data, size_t size)
 {
     if (size < 6)
         return;
-    size_t n = (size_t)data[1] | ((size_t)data[2] << 8);
+    size_t n = fz_le16(data + 1);
     static const int widths[4] = {8, 16, 32, 12};
     int width = widths[data[3] & 3];
     size_t rest = size - 6;
     size_t l1 = ((size_t)data[4] | ((size_t)data[5] << 8));
     if (l1 > rest)
         l1 = rest;
-    uint8_t *a = exact(data + 6, l1), *b = exact(data + 6 + l1, rest - l1);
+    uint8_t *a = fz_exact(data + 6, l1), *b = fz_exact(data + 6 + l1, rest - l1);
     const uint8_t *blobs[3] = {a, b, a};
     size_t lens[3] = {l1, rest - l1, l1};
     size_t cap = thc_blob_size(n, 8, 32); /* the largest any sum for n values can be */
@@ -84,7 +70,7 @@ static void sum_case(const uint8_t *data, size_t size)
         if (r >= 0) {
             if ((size_t)r > cap)
                 abort();
-            uint8_t *s = exact(out, (size_t)r);
+            uint8_t *s = fz_exact(out, (size_t)r);
             size_t d = thc_padded_dim(n);
             float *work = malloc(d * sizeof(float));
             if (thc_decode_rotated(s, (size_t)r, n, work, NULL) != THC_OK)
@@ -113,7 +99,7 @@ static void encode_case(const uint8_t *data, size_t size)
     if (bits == 4 && g == 30)
         memcpy(table, T4, 16);
     size_t n = (size - 2) / sizeof(float);
-    float *x = malloc(n ? n * sizeof(float) : 1);
+    float *x = fz_floats(n);
     if (n)
         memcpy(x, data + 2, n * sizeof(float));
     size_t d = thc_padded_dim(n);

@@ -11,6 +11,7 @@
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "threelc_codec.h"
+#include "fuzz_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +19,9 @@
 static void decode_case(const uint8_t *data, size_t size)
 {
     size_t len = size - 1;
-    uint8_t *stream = malloc(len ? len : 1);
-    memcpy(stream, data + 1, len);
-    size_t n = data[0] >> 2;
-    if ((data[0] & 2) && len >= TLC_HEADER_BYTES) {
-        n = (size_t)stream[8] | ((size_t)stream[9] << 8) | ((size_t)stream[10] << 16) |
-            ((size_t)stream[11] << 24);
-        if (n > 65535)
-            n = 65535;
-    }
-    float *y = malloc(n ? n * sizeof(float) : 1);
+    uint8_t *stream = fz_exact(data + 1, len);
+    size_t n = fz_stream_count(data[0], stream, len, TLC_HEADER_BYTES);
+    float *y = fz_floats(n);
     size_t at = 0;
     int r = tlc_decode(len ? stream : NULL, len, y, n, &at);
     if (r == TLC_OK) {
@@ -51,8 +45,8 @@ static void encode_case(const uint8_t *data, size_t size)
     float s = sparsities[data[1] & 3];
     int zre = (data[1] >> 2) & 1;
     size_t n = (size - 2) / sizeof(float);
-    float *x = malloc(n ? n * sizeof(float) : 1), *rec = malloc(n ? n * sizeof(float) : 1);
-    float *y = malloc(n ? n * sizeof(float) : 1);
+    float *x = fz_floats(n), *rec = fz_floats(n);
+    float *y = fz_floats(n);
     memcpy(x, data + 2, n * sizeof(float));
     size_t cap = tlc_max_encoded_size(n);
     uint8_t *out = malloc(cap);
@@ -85,11 +79,5 @@ done:
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size == 0)
-        return 0;
-    if (data[0] & 1)
-        encode_case(data, size);
-    else
-        decode_case(data, size);
-    return 0;
+    return fz_dispatch(data, size, decode_case, encode_case);
 }

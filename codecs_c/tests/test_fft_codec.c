@@ -5,54 +5,18 @@
  */
 #include "fft_codec.h"
 
+#define CHECK_RNG_SEED 0x2545F4914F6CDD1Dull
+#include "check.h"
+
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static double uniform(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * 0x1p-53;
-}
-
-static uint8_t *copy_exact(const uint8_t *src, size_t len)
-{
-    uint8_t *p = malloc(len ? len : 1);
-    if (len)
-        memcpy(p, src, len);
-    return p;
-}
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 /* The paper's Figure 8: m = 3, eps = 0.125, 8-bit codes: 0.256 -> pattern 0x3E8, pbase 0x3E0,
  * offset 8 + 1 = 9, decodes to 0.25. Our sign-magnitude code keeps q = 9 in the low 7 bits. */
 static void test_paper_example(void)
 {
-    uint32_t pbase = bits_of(0.125f) >> 20;
+    uint32_t pbase = to_bits(0.125f) >> 20;
     CHECK(pbase == 0x3E0, "pbase %x", pbase);
     float v[3] = {0.256f, -0.256f, 0.1f};
     uint16_t c[3];
@@ -259,6 +223,5 @@ int main(void)
     test_known_blob();
     test_selection_and_roundtrip();
     test_malformed();
-    printf("test_fft_codec: %d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report("test_fft_codec");
 }

@@ -5,47 +5,11 @@
  */
 #include "inceptionn_codec.h"
 
+#include "check.h"
+
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static float from_bits(uint32_t b)
-{
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-static uint32_t to_bits(float f)
-{
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    return b;
-}
 
 /* Random floats over every exponent, with the specials and tier edges mixed in. */
 static void fill(float *x, size_t n)
@@ -204,6 +168,5 @@ int main(void)
     test_paths_agree();
     test_every_capacity();
     test_malformed();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report("");
 }

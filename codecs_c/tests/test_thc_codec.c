@@ -5,47 +5,22 @@
  */
 #include "thc_codec.h"
 
+#include "check.h"
+
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
 
 /* The shipped optimal table for b = 4, g = 30, p = 1/32. */
 static const uint8_t T4[16] = {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30};
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double gauss(void)
 {
     /* Sum of 12 uniforms minus 6: good enough for test vectors, no libm needed. */
     double s = 0;
-    for (int i = 0; i < 12; i++) {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        s += (double)(rng_state >> 11) * 0x1p-53;
-    }
+    for (int i = 0; i < 12; i++)
+        s += uniform();
     return s - 6.0;
-}
-
-static uint8_t *copy_exact(const uint8_t *src, size_t len)
-{
-    uint8_t *p = malloc(len ? len : 1);
-    memcpy(p, src, len);
-    return p;
 }
 
 /* Encode x[0..n) with M = t_p * ||x|| / sqrt(d); returns a malloc'd blob of exactly *len bytes. */
@@ -370,6 +345,5 @@ int main(void)
     test_unbiased();
     test_sum();
     test_malformed();
-    printf("test_thc_codec: %d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report("test_thc_codec");
 }

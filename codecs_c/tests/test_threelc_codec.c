@@ -5,47 +5,17 @@
  */
 #include "threelc_codec.h"
 
+#include "check.h"
+
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static uint32_t to_bits(float f)
-{
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    return b;
-}
 
 /* Decode from an exactly-sized heap copy of the stream. */
 static int decode_exact(const uint8_t *s, size_t len, float *out, size_t n, size_t *at)
 {
-    uint8_t *copy = malloc(len ? len : 1);
-    memcpy(copy, s, len);
+    uint8_t *copy = copy_exact(s, len);
     int r = tlc_decode(len ? copy : NULL, len, out, n, at);
     free(copy);
     return r;
@@ -283,6 +253,5 @@ int main(void)
     test_encode_errors();
     test_decode_errors();
     test_garbage();
-    printf("threelc codec: %d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report("threelc codec");
 }
