@@ -1,0 +1,231 @@
+"""``inceptionn bench allreduce``: our ring against the allreduces people use, on the same links.
+
+For every link rate a fresh testbed of ``--hosts`` hosts (every link shaped in both directions)
+runs the soft NIC on every host, and each rank reduces real gradient values (the HDC model's
+gradients captured from training, tiled to the size asked) with, side by side in rounds:
+
+  ring      our INCEPTIONN ring, plain float32 on untagged sockets (no compression)
+  ring-nic  the same ring on tagged sockets: the soft NICs compress both legs (INC+C)
+  gloo      torch.distributed's gloo allreduce (needs torch)
+  mpi       MPI_Allreduce through mpi4py, launched with ``inceptionn mpirun`` (OpenMPI defaults)
+
+Reported: median seconds per allreduce [min-max over all reps], speedups of ring-nic over gloo
+and MPI, and the error of one compressed reduction (NMSE against the float64 sum). Then the
+paper's Fig. 15: exchange time of ring-nic and of the worker-aggregator baseline (wa-nic: the
+gradient leg tagged, weights returned raw) from 2 to 8 hosts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+
+import numpy as np
+
+from ..daemon.launch import nicd
+from ..errors import UserError
+from ..kernel_tc.testbed import Testbed
+from ..kernel_tc.units import format_rate, parse_rate
+
+HELP = "ring allreduce with and without the soft NIC against gloo and OpenMPI, 2 to 8 hosts"
+IMPLS = ("ring", "ring-nic", "gloo", "mpi")
+SCALE_IMPLS = ("ring-nic", "wa-nic")
+GLOO_PORT = 29511
+PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
+
+
+def log(msg: str) -> None:
+    print(f"[bench allreduce] {msg}", file=sys.stderr, flush=True)
+
+
+def write_inputs(workdir: str, world: int, nbytes: int, captures: list[np.ndarray]) -> None:
+    """grad<r>.npy for every rank (real gradients, a different rotation per rank) and exact.npy."""
+    n = nbytes // 4
+    pool = np.concatenate(captures)
+    exact = np.zeros(n, dtype=np.float64)
+    for r in range(world):
+        start = (r * pool.size // world) % pool.size
+        idx = (start + np.arange(n)) % pool.size
+        g = pool[idx]
+        np.save(os.path.join(workdir, f"grad{r}.npy"), g)
+        exact += g
+    np.save(os.path.join(workdir, "exact.npy"), exact)
+
+
+def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeout: float,
+             error_bound: int) -> dict:
+    hosts = tb.hosts[:world]
+    store = os.path.join(workdir, "store")
+    shutil.rmtree(store, ignore_errors=True)
+    if impl == "mpi":
+        argv = [sys.executable, "-m", "inceptionn", "mpirun", "--tag", "none", "--testbed", tb.name,
+                "-np", str(world), "--", *PEER, "mpi", "0", str(world), workdir, str(reps),
+                "--error-bound", str(error_bound)]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise UserError(f"mpi run failed: {r.stderr.strip()[-500:]}")
+        outs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    else:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=hosts[0].ifname)
+        procs = [h.popen(PEER + [impl, str(rank), str(world), workdir, str(reps),
+                                 "--master", f"{hosts[0].ip}:{GLOO_PORT}", "--error-bound", str(error_bound)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for rank, h in enumerate(hosts)]
+        outs, errors = [], []
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                if p.returncode != 0:
+                    errors.append(err.strip()[-500:])
+                outs += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if errors:
+            raise UserError(f"{impl} run failed: {errors[0]}")
+    if len(outs) != world:
+        raise UserError(f"{impl}: expected {world} results, got {len(outs)}")
+    crcs = {o["crc"] for o in outs}
+    if len(crcs) != 1:
+        raise UserError(f"{impl}: ranks ended with different results")
+    # One rep takes as long as its slowest rank.
+    per_rep = [max(o["seconds"][i] for o in outs) for i in range(reps)]
+    nmse = next(o["nmse"] for o in outs if o["rank"] == 0)
+    return {"seconds": per_rep, "nmse": nmse}
+
+
+def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hosts: list[int],
+            scale_size: int, rounds: int, reps: int, mtu: int, error_bound: int,
+            captures: list[np.ndarray]) -> dict:
+    rate_bps = parse_rate(rate)
+    hosts = max([world, *scale_hosts])
+    res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}}
+    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name="bar") as tb, ExitStack() as stack, \
+            tempfile.TemporaryDirectory(prefix="inceptionn-bar-") as tmp:
+        for h in tb.hosts:
+            stack.enter_context(nicd(h, os.path.join(tmp, f"{h.name}.sock"), error_bound))
+        jobs = [(size, world, impls, "sizes") for size in sizes]
+        jobs += [(scale_size, n, SCALE_IMPLS, "scaling") for n in scale_hosts]
+        for size, n, which, section in jobs:
+            workdir = os.path.join(tmp, f"{section}-{size}-{n}")
+            os.makedirs(workdir)
+            write_inputs(workdir, n, size * 2**20, captures)
+            # the raw transfer time of 2(N-1)/N of the data, doubled, plus slack
+            timeout = 120 + 8 * (reps + 1) * 2 * size * 2**20 * 8 / rate_bps * (2 if n > 4 else 1)
+            row = {impl: {"seconds": [], "nmse": None} for impl in which}
+            for r in range(rounds):
+                for impl in which:
+                    log(f"{res['rate']} {size} MiB x {n} hosts round {r + 1}/{rounds}: {impl} ...")
+                    got = run_impl(tb, impl, n, workdir, reps, timeout, error_bound)
+                    row[impl]["seconds"] += got["seconds"]
+                    row[impl]["nmse"] = got["nmse"]
+            for impl, v in row.items():
+                v["median"] = statistics.median(v["seconds"])
+                v["min"], v["max"] = min(v["seconds"]), max(v["seconds"])
+            key = str(size) if section == "sizes" else str(n)
+            res[section][key] = row
+            shutil.rmtree(workdir, ignore_errors=True)
+    return res
+
+
+def print_report(r: dict) -> None:
+    print(f"Allreduce of real gradient values (HDC on {r['dataset']}, tiled), float32 sum, "
+          f"error bound 2^{r['error_bound']}, MTU {r['mtu']}; seconds per allreduce, median "
+          f"[min-max] of {r['rounds']} rounds x {r['reps']} reps")
+    for link in r["links"]:
+        print(f"\n{link['rate']}, {link['world']} hosts")
+        print(f"{'MiB':>5}  " + "  ".join(f"{i:>22}" for i in r["impls"]) + "  ring-nic vs gloo / mpi   NMSE")
+        for size, row in link["sizes"].items():
+            cells = [f"{row[i]['median']:8.3f} [{row[i]['min']:.2f}-{row[i]['max']:.2f}]" for i in r["impls"]]
+            nic = row.get("ring-nic", {}).get("median")
+            sp = [f"{row[b]['median'] / nic:5.2f}x" if nic and b in row else "   - " for b in ("gloo", "mpi")]
+            nmse = row.get("ring-nic", {}).get("nmse")
+            nmse = f"{nmse:.2e}" if nmse is not None else "-"
+            print(f"{size:>5}  " + "  ".join(f"{c:>22}" for c in cells) + f"  {sp[0]} / {sp[1]}         {nmse}")
+        if link["scaling"]:
+            print(f"\nExchange time from {min(map(int, link['scaling']))} to "
+                  f"{max(map(int, link['scaling']))} hosts ({r['scale_size']} MiB, paper's Fig. 15)")
+            print(f"{'hosts':>5}  {'ring-nic':>22}  {'wa-nic':>22}  WA / ring")
+            for n, row in link["scaling"].items():
+                a, b = row["ring-nic"], row["wa-nic"]
+                print(f"{n:>5}  {a['median']:8.3f} [{a['min']:.2f}-{a['max']:.2f}]  "
+                      f"{b['median']:8.3f} [{b['min']:.2f}-{b['max']:.2f}]  {b['median'] / a['median']:6.2f}x")
+    print("\nring = our ring, untagged (no compression); ring-nic = the same ring on tagged sockets "
+          "through the soft NICs (INC+C); wa-nic = worker-aggregator, gradient leg compressed. "
+          "Target: ring-nic at least 3x faster than both gloo and OpenMPI at 100 Mbit.")
+
+
+def _csv(text: str, what: str, conv=str) -> list:
+    try:
+        items = [conv(t.strip()) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--{what}: cannot parse {text!r}") from None
+    return items
+
+
+def run(args) -> int:
+    from ..train.gradients import capture_gradients
+
+    impls = _csv(args.impls, "impls")
+    for i in impls:
+        if i not in IMPLS:
+            raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS)}")
+    if "gloo" in impls:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UserError("gloo needs PyTorch: pip install 'inceptionn[torch]' (or drop gloo from --impls)") from None
+    if "mpi" in impls and shutil.which("mpirun") is None:
+        raise UserError("mpi needs OpenMPI's mpirun (Debian: openmpi-bin), or drop mpi from --impls")
+    rates = _csv(args.rates, "rates")
+    for rate in rates:
+        parse_rate(rate)
+    sizes = _csv(args.sizes, "sizes", int)
+    scale_hosts = _csv(args.scale_hosts, "scale-hosts", int) if args.scale_hosts else []
+    if any(s <= 0 for s in sizes) or args.scale_size <= 0:
+        raise UserError("sizes must be positive MiB")
+    if args.hosts < 2 or any(n < 2 for n in scale_hosts) or max([args.hosts, *scale_hosts]) > 16:
+        raise UserError("hosts must be between 2 and 16")
+    if args.rounds < 1 or args.reps < 1:
+        raise UserError("--rounds and --reps must be at least 1")
+    log(f"capturing real gradients (HDC on {args.data or 'digits'}) ...")
+    captures = capture_gradients(8, data=args.data, seed=args.seed)
+    report = {"dataset": args.data or "digits", "error_bound": args.error_bound, "mtu": args.mtu,
+              "rounds": args.rounds, "reps": args.reps, "impls": impls, "scale_size": args.scale_size,
+              "links": []}
+    for i, rate in enumerate(rates):
+        report["links"].append(measure(rate, sizes, impls, args.hosts, scale_hosts if i == 0 else [],
+                                       args.scale_size, args.rounds, args.reps, args.mtu,
+                                       args.error_bound, list(captures)))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--rates", default="100mbit,1gbit", help="comma-separated link rates (default 100mbit,1gbit)")
+    p.add_argument("--sizes", default="10,100", help="gradient sizes in MiB (default 10,100)")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"which allreduces (default {','.join(IMPLS)})")
+    p.add_argument("--hosts", type=int, default=4, help="hosts for the size sweep (default 4)")
+    p.add_argument("--scale-hosts", default="2,4,8",
+                   help="host counts for the scalability sweep at the first rate ('' to skip; default 2,4,8)")
+    p.add_argument("--scale-size", type=int, default=25, help="MiB for the scalability sweep (default 25)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds, each running every allreduce in turn (default 1)")
+    p.add_argument("--reps", type=int, default=3, help="timed allreduces per run, after one warm-up (default 3)")
+    p.add_argument("--mtu", type=int, default=9000, help="link MTU (default 9000)")
+    p.add_argument("--error-bound", type=int, default=-10, help="soft NIC error bound exponent (default -10)")
+    p.add_argument("--data", metavar="PATH", help="MNIST to capture gradients on (default: digits)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=run)

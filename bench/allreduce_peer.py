@@ -1,0 +1,96 @@
+"""One rank of ``inceptionn bench allreduce``: times an allreduce (or a WA exchange) of its
+gradient file and prints one JSON line. Run by the benchmark inside a testbed host:
+
+    python -m inceptionn.bench.allreduce_peer IMPL RANK WORLD WORKDIR REPS [--master ADDR:PORT]
+                                              [--error-bound K]
+
+IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
+soft NICs compress both legs), ``wa-nic`` (the worker-aggregator exchange, gradient leg tagged),
+``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the
+cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI).
+WORKDIR holds ``grad<rank>.npy`` (this rank's input) and ``exact.npy`` (the float64 sum), and
+is the rendezvous directory of the ring. Every rep starts after a barrier and copies the input
+first, so each rep reduces the same values.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import zlib
+
+import numpy as np
+
+
+def _barrier_fn(impl: str, group=None, dist=None, comm=None):
+    if impl == "gloo":
+        return dist.barrier
+    if impl == "mpi":
+        return comm.Barrier
+    return group.barrier
+
+
+def main(argv: list[str]) -> int:
+    impl, rank, world, workdir, reps = argv[0], int(argv[1]), int(argv[2]), argv[3], int(argv[4])
+    master = argv[argv.index("--master") + 1] if "--master" in argv else None
+    error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else -10
+    comm = dist = group = None
+    if impl == "mpi":
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank, world = comm.Get_rank(), comm.Get_size()
+    x = np.load(os.path.join(workdir, f"grad{rank}.npy"))
+    buf = np.empty_like(x)
+
+    if impl == "gloo":
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world)
+        t = torch.from_numpy(buf)
+        op = lambda: dist.all_reduce(t)  # noqa: E731
+    elif impl == "mpi":
+        from mpi4py import MPI
+        op = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # noqa: E731
+    else:
+        from inceptionn.codecs import get_codec
+        from inceptionn.shim.collective import Group
+        from inceptionn.shim.rendezvous import FileStore
+        compress = None if impl == "ring" else "nic"
+        group = Group(rank, world, FileStore(os.path.join(workdir, "store")), compress=compress,
+                      codec=get_codec("inceptionn", error_bound=error_bound), prefix=f"bench-{impl}",
+                      tag=impl != "ring-notag")
+        if impl == "wa-nic":
+            op = lambda: buf.__setitem__(slice(None), group.wa_step(buf, lambda s: s))  # noqa: E731
+        else:
+            op = lambda: group.allreduce(buf, out=buf)  # noqa: E731
+    barrier = _barrier_fn(impl, group, dist, comm)
+
+    times, out = [], {"impl": impl, "rank": rank, "world": world}
+    for rep in range(reps + 1):  # rep 0 warms up: connections, buffers, TCP windows
+        np.copyto(buf, x)
+        barrier()
+        t0 = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - t0)
+        if rep == 0:
+            # Error of one reduction of these inputs (later reps carry error feedback from the
+            # earlier ones); identical on every rank, which the CRC lets the launcher check.
+            out["crc"] = zlib.crc32(buf.tobytes())
+            if rank == 0:
+                exact = np.load(os.path.join(workdir, "exact.npy"))
+                err = buf.astype(np.float64) - exact  # wa-nic: update_fn returns the sum itself
+                out["nmse"] = float(np.dot(err, err) / max(np.dot(exact, exact), 1e-300))
+    barrier()
+    out["seconds"] = times[1:]
+    if group is not None:
+        out["bytes"] = group.stats.as_dict()["total"]
+        group.close()
+    if dist is not None:
+        dist.destroy_process_group()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

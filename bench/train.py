@@ -1,0 +1,183 @@
+"""``inceptionn bench train``: WA, WA+C, INC and INC+C training side by side on one testbed, over
+several seeds, and INC+C with and without gradient scaling and error feedback.
+
+One testbed (N hosts, shaped links) serves every run; runs are interleaved (seed after seed, every
+configuration within a seed) so a change in the machine's load spreads over all of them. Reported
+per configuration: time per iteration split into compute, communication, summation and codec
+work, communication change and speedup against WA, bytes on the wire, and the final test accuracy
+as mean, standard deviation and range over the seeds, with its difference to the uncompressed
+ring (INC) after the same epochs.
+"""
+from __future__ import annotations
+
+HELP = "training time breakdown and accuracy: WA, WA+C, INC, INC+C over seeds, scaling / error feedback on and off"
+
+import json
+import os
+import statistics
+
+# name on the command line -> (algo, compress, scaling, error_feedback)
+CONFIGS = {
+    "wa": ("wa", "none", None, None),
+    "wa+c": ("wa", "nic", None, None),
+    "inc": ("inc", "none", None, None),
+    "inc+c": ("inc", "nic", None, None),
+    "inc+c-no-scaling": ("inc", "nic", False, None),
+    "inc+c-no-ef": ("inc", "nic", None, False),
+    "inc+c-neither": ("inc", "nic", False, False),
+}
+DEFAULT_CONFIGS = ",".join(CONFIGS)
+
+
+def parse_configs(text: str) -> list[str]:
+    from ..errors import UserError
+
+    names = [c.strip().lower() for c in text.split(",") if c.strip()]
+    bad = [c for c in names if c not in CONFIGS]
+    if bad or not names:
+        raise UserError(f"--configs: unknown {', '.join(bad) or 'empty list'}; choose from {DEFAULT_CONFIGS}")
+    return list(dict.fromkeys(names))
+
+
+def parse_seeds(args) -> list[int]:
+    from ..errors import UserError
+
+    if args.seed_list:
+        try:
+            return [int(s) for s in args.seed_list.split(",") if s.strip()]
+        except ValueError:
+            raise UserError(f"--seed-list takes comma-separated integers, got {args.seed_list!r}") from None
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {args.seeds}")
+    return list(range(args.seed, args.seed + args.seeds))
+
+
+def accuracy_rows(results, diverged=(), baseline: str = "INC") -> list[dict]:
+    """Final accuracy per configuration over seeds, and the mean paired difference to
+    ``baseline`` (same seed, same epochs; seeds where either diverged are left out of it).
+    ``diverged``: (name, seed) of runs whose loss went non-finite."""
+    by: dict[str, dict[int, float]] = {}
+    for r in results:
+        by.setdefault(r.name, {})[r.config["seed"]] = r.final_accuracy
+    failed: dict[str, list[int]] = {}
+    for name, seed in diverged:
+        failed.setdefault(name, []).append(seed)
+        by.setdefault(name, {})
+    base = by.get(baseline, {})
+    rows = []
+    for name, accs in by.items():
+        vals = list(accs.values())
+        diffs = [accs[s] - base[s] for s in accs if s in base]
+        rows.append({"name": name, "seeds": sorted(accs), "diverged": sorted(failed.get(name, [])),
+                     "mean": statistics.mean(vals) if vals else None,
+                     "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                     "min": min(vals) if vals else None, "max": max(vals) if vals else None,
+                     "vs_baseline": statistics.mean(diffs) if diffs and name != baseline else None,
+                     "per_seed": {str(s): a for s, a in sorted(accs.items())}})
+    return rows
+
+
+def print_report(report: dict, results) -> None:
+    from ..train.report import format_table, table_notes
+
+    s = report["settings"]
+    print(f"Training benchmark: HDC on {s['dataset']}, {s['hosts']} hosts, {s['rate'] or 'unshaped'} links "
+          f"(MTU {s['mtu']}), {s['epochs']} epoch(s) x {s['iters_per_epoch']} iterations, seeds "
+          f"{', '.join(map(str, s['seeds']))}, error bound 2^{s['error_bound']}; runs interleaved by seed")
+    print()
+    print("Time per iteration (mean over seeds and workers):")
+    print(format_table(results))
+    print()
+    print(f"Final test accuracy over {len(s['seeds'])} seed(s), and the mean paired difference to INC "
+          "(uncompressed ring, same seed, same epochs):")
+    print(f"{'config':<28}{'mean':>8}{'std':>7}{'min-max':>16}{'vs INC':>9}   per seed")
+    for r in report["accuracy"]:
+        vs = f"{100 * r['vs_baseline']:+.2f}" if r["vs_baseline"] is not None else "-"
+        per = "  ".join(f"{100 * a:.2f}" for a in r["per_seed"].values())
+        if r["diverged"]:
+            per += f"  (diverged: seed {', '.join(map(str, r['diverged']))})"
+        if r["mean"] is None:
+            print(f"{r['name']:<28}{'-':>8}{'-':>7}{'-':>16}{vs:>9}   {per}")
+            continue
+        span = f"{100 * r['min']:.2f}-{100 * r['max']:.2f}"
+        print(f"{r['name']:<28}{100 * r['mean']:>7.2f}%{100 * r['std']:>7.2f}{span:>16}{vs:>9}   {per}")
+    print()
+    print(table_notes())
+    print("Accuracy target: INC+C within 0.5 point of INC (mean over seeds). no-scaling / no-EF: the soft NIC "
+          "compresses the raw gradients / drops what it loses each iteration.")
+
+
+def run(args) -> int:
+    from ..errors import UserError
+    from ..train.cli import rate_arg
+    from ..train.job import TrainConfig, preflight, preflight_testbed, run_configs
+    from ..train.report import Progress, comparison_rows, write_chart
+
+    names = parse_configs(args.configs)
+    seeds = parse_seeds(args)
+    preflight_testbed(args.hosts, rate_arg(args.rate), args.mtu, args.name or "btrain")
+    configs = []
+    for seed in seeds:
+        for n in names:
+            algo, compress, scaling, feedback = CONFIGS[n]
+            configs.append(TrainConfig(algo=algo, compress=compress, scaling=scaling, error_feedback=feedback,
+                                       error_bound=args.error_bound, epochs=args.epochs, max_iters=args.max_iters,
+                                       data=args.data, seed=seed, lr=args.lr))
+    data = preflight(configs[0])
+    if args.chart and not args.chart.lower().endswith(".png"):
+        raise UserError(f"--chart must name a .png file, got {args.chart}")
+    rate = rate_arg(args.rate)
+    progress = Progress(prefix="[bench train] ")
+    progress.line(f"{len(configs)} runs: {', '.join(names)} x seeds {', '.join(map(str, seeds))}, "
+                  f"{args.epochs} epoch(s) each, {args.hosts} hosts, {rate or 'unshaped'} MTU {args.mtu}; {data.name}")
+    done, diverged = [], []
+
+    def on_result(r):
+        done.append(r)
+        progress.result(r)
+        progress.line(f"{len(done) + len(diverged)}/{len(configs)} runs done")
+
+    def on_diverged(exc):
+        diverged.append((exc.cfg.name, exc.cfg.seed))
+        progress.line(f"{exc} -- recorded, going on")
+        progress.line(f"{len(done) + len(diverged)}/{len(configs)} runs done")
+
+    results = run_configs(configs, hosts=args.hosts, rate=rate, mtu=args.mtu, name=args.name or "btrain",
+                          on_event=progress.event, progress=progress.line, on_result=on_result,
+                          on_diverged=on_diverged)
+    if not results:
+        raise UserError("every run diverged; try a lower --lr")
+    r0 = results[0]
+    report = {
+        "settings": {"dataset": r0.dataset, "hosts": r0.hosts, "rate": rate, "mtu": args.mtu, "epochs": args.epochs,
+                     "iters_per_epoch": r0.iters_per_epoch, "seeds": seeds, "configs": names,
+                     "error_bound": args.error_bound, "lr": args.lr, "load_average": os.getloadavg()},
+        "time": comparison_rows(results),
+        "accuracy": accuracy_rows(results, diverged),
+        "diverged": [{"name": n, "seed": sd} for n, sd in diverged],
+        "runs": [r.to_dict() for r in results],
+    }
+    if args.chart:
+        report["chart"] = write_chart(results, os.path.abspath(args.chart),
+                                      f"bench train: HDC on {r0.dataset}, {r0.hosts} hosts, {rate or 'unshaped'}, "
+                                      f"seeds {', '.join(map(str, seeds))}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report, results)
+        if args.chart:
+            print(f"chart: {report['chart']}")
+    return 0
+
+
+def add_arguments(p) -> None:
+    from ..train.cli import add_training_arguments
+
+    add_training_arguments(p, epochs_default=20, switches=False)  # digits: converged, so seeds agree to ~1 point
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma-separated configurations (default all: {DEFAULT_CONFIGS})")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds, from --seed on (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--seed-list", metavar="S,S,...", help="explicit seeds instead of --seeds/--seed")
+    p.add_argument("--chart", metavar="PNG", help="also write a chart (time breakdown, accuracy per epoch)")
+    p.set_defaults(func=run)

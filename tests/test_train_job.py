@@ -1,0 +1,228 @@
+"""Data-parallel training on the namespace testbed: real workers, real collectives, real soft NICs.
+
+Small runs (a few iterations on digits) that check what the launcher promises: accuracy recorded,
+a time breakdown that adds up, fewer bytes on the wire than the workers wrote when the soft NIC
+compresses, bit-identical replicas, one-line errors, and a testbed that is gone afterwards, also
+after Ctrl-C. Needs root for everything that builds a testbed.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest_testbed import CLI, assert_one_line_error, needs_root, no_leaks, run_cli, tb_name  # noqa: F401
+from inceptionn.errors import UserError
+from inceptionn.kernel_tc import netns as ns
+from inceptionn.train import worker
+from inceptionn.train.job import RunResult, TrainConfig, TrainingTestbed
+from inceptionn.train.report import comparison_rows, format_table
+
+PARTS = ("compute", "communicate", "sum", "codec")
+
+
+# --- no root needed ----------------------------------------------------------------------------
+
+def test_config_names_and_checks():
+    assert TrainConfig(algo="wa").name == "WA"
+    assert TrainConfig(algo="wa", compress="nic").name == "WA+C"
+    assert TrainConfig(algo="inc").name == "INC"
+    assert TrainConfig(algo="inc", compress="nic").name == "INC+C"
+    assert TrainConfig(compress="nic", scaling=False).name == "INC+C (no scaling)"
+    assert TrainConfig(compress="nic", scaling=False, error_feedback=False).name == "INC+C (no scaling, no EF)"
+    assert TrainConfig(compress="terngrad").name == "INC+terngrad"
+    for bad, needle in [(dict(algo="ps"), "unknown algorithm"), (dict(compress="zip"), "unknown compression"),
+                        (dict(epochs=0), "--epochs"), (dict(max_iters=0), "--max-iters"),
+                        (dict(error_bound=3), "--error-bound"), (dict(lr=0), "--lr")]:
+        with pytest.raises(UserError, match=needle):
+            TrainConfig(**bad).check()
+
+
+def test_shards_are_disjoint_and_equal():
+    shards = [worker.shard_indices(1438, r, 4, seed=3) for r in range(4)]
+    assert {len(s) for s in shards} == {359}
+    assert len(np.unique(np.concatenate(shards))) == 4 * 359
+    assert np.array_equal(shards[1], worker.shard_indices(1438, 1, 4, seed=3))
+    assert worker.iterations_per_epoch(1438, 4, 25, None) == 15
+    assert worker.iterations_per_epoch(1438, 4, 25, 4) == 4
+
+
+def _fake(name, seed, it, comm, acc):
+    algo, _, c = name.partition("+")
+    return RunResult(config={"seed": seed, "algo": algo.lower()}, name=name, hosts=4, rate="100mbit", mtu=9000,
+                     dataset="digits", iters_per_epoch=15, iterations=15, accuracy=[acc], final_accuracy=acc,
+                     replicas_identical=True, replicas=[],
+                     times={"compute": 0.01, "communicate": comm, "sum": 0.001, "codec": 0.0, "iteration": it},
+                     train_seconds=1.0, wall_seconds=2.0, bytes={"wire_per_iteration": 1e6})
+
+
+def test_table_reduction_and_speedup():
+    rows = {r["name"]: r for r in comparison_rows([_fake("WA", 0, 1.0, 0.9, 0.9), _fake("INC", 0, 0.5, 0.4, 0.92),
+                                                   _fake("INC", 1, 0.5, 0.5, 0.94)])}
+    assert rows["INC"]["runs"] == 2 and rows["INC"]["accuracy"] == pytest.approx(0.93)
+    assert rows["INC"]["comm_reduction"] == pytest.approx(0.5)
+    assert rows["INC"]["speedup"] == pytest.approx(2.0)
+    text = format_table([_fake("WA", 0, 1.0, 0.9, 0.9), _fake("INC", 0, 0.5, 0.45, 0.92)])
+    assert "-50.0%" in text and "2.00x" in text
+
+
+# --- real runs -----------------------------------------------------------------------------------
+
+def _check_breakdown(r):
+    t = r.times
+    assert all(t[k] >= 0 for k in PARTS)
+    total = sum(t[k] for k in PARTS)
+    # the parts are measured inside the iteration; what is left is bookkeeping between them
+    assert total == pytest.approx(t["iteration"], rel=0.05, abs=0.003), t
+    assert t["communicate"] > 0 and t["compute"] > 0
+
+
+@needs_root
+def test_small_runs_on_the_soft_nic(tb_name, no_leaks):
+    with TrainingTestbed(hosts=3, rate="100mbit", mtu=9000, name=tb_name) as bed:
+        events = []
+        runs = {}
+        for cfg in (TrainConfig(algo="inc", compress="nic", epochs=2, max_iters=3),
+                    TrainConfig(algo="inc", compress="none", epochs=1, max_iters=3),
+                    TrainConfig(algo="wa", compress="nic", epochs=1, max_iters=3)):
+            runs[cfg.name] = bed.run(cfg, lambda c, e: events.append((c.name, e)))
+        assert ns.list_netns(f"inc-{tb_name}-")   # still up between runs
+    inc_c, inc, wa_c = runs["INC+C"], runs["INC"], runs["WA+C"]
+
+    for r in runs.values():
+        assert r.hosts == 3 and r.dataset == "digits"
+        assert r.replicas_identical and len({x["checksum"] for x in r.replicas}) == 1
+        assert len({x["final_accuracy"] for x in r.replicas}) == 1
+        assert 0.0 <= r.final_accuracy <= 1.0
+        _check_breakdown(r)
+    assert len(inc_c.accuracy) == 2 and inc_c.iterations == 6 and inc_c.final_accuracy == inc_c.accuracy[-1]
+    assert [e["epoch"] for n, e in events if n == "INC+C" and e["event"] == "epoch"] == [1, 2]
+
+    # compressed: the soft NICs shrank the tagged payload, and the links carried less than the
+    # workers wrote; uncompressed: no daemon, the links carried at least what was written
+    nic = inc_c.bytes["nicd"]
+    assert nic["egress_compressed"] > 0 and nic["egress_wire_bytes"] < nic["egress_orig_bytes"]
+    assert nic["ratio"] > 2 and not nic["drops"]
+    assert inc_c.bytes["wire_tx"] < inc_c.bytes["app_sent"]
+    assert "nicd" not in inc.bytes and inc.bytes["wire_tx"] >= inc.bytes["app_sent"]
+    assert inc_c.bytes["wire_per_iteration"] < inc.bytes["wire_per_iteration"] / 2
+    # WA+C compresses the gradient leg only: the weights come back raw
+    assert wa_c.bytes["nicd"]["egress_wire_bytes"] < wa_c.bytes["nicd"]["egress_orig_bytes"]
+    assert wa_c.bytes["wire_per_iteration"] > inc_c.bytes["wire_per_iteration"]
+
+
+def _stream_lines(proc) -> "queue.Queue[str]":
+    q: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in iter(proc.stderr.readline, ""):
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def _wait_for(q, needle: str, timeout: float, seen: list) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            raise AssertionError("process ended before: " + needle + "\n" + "\n".join(seen))
+        seen.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"no {needle!r} within {timeout} s:\n" + "\n".join(seen))
+
+
+def _interrupt_and_check(args: list[str], ready: str, tb: str) -> list[str]:
+    proc = subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    seen: list[str] = []
+    try:
+        q = _stream_lines(proc)
+        _wait_for(q, ready, 120, seen)
+        hosts = ns.list_netns(f"inc-{tb}-h")
+        pids = [p for h in hosts for p in ns.pids(h)]
+        assert pids, "nothing runs in the testbed hosts"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        while (line := q.get(timeout=10)) is not None:
+            seen.append(line)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, seen)
+    assert seen[-1] == "inceptionn: interrupted", seen
+    assert not any("Traceback" in line for line in seen), seen
+    assert ns.list_netns(f"inc-{tb}-") == []
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert not alive, f"processes of the testbed still running: {alive}"
+    return seen
+
+
+@needs_root
+def test_ctrl_c_tears_down_training_with_daemons(tb_name, no_leaks):
+    seen = _interrupt_and_check(["train", "--hosts", "2", "--compress", "nic", "--epochs", "1", "--max-iters", "100000",
+                                 "--name", tb_name], "INC+C: 2 workers", tb_name)
+    assert any("starting the soft NIC" in line for line in seen)
+
+
+@needs_root
+def test_demo_end_to_end(tb_name, no_leaks, tmp_path):
+    out = tmp_path / "demo.png"
+    proc = run_cli("demo", "--hosts", "2", "--epochs", "1", "--max-iters", "3", "--name", tb_name,
+                   "--out", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("WA ", "WA+C", "INC ", "INC+C"):
+        assert name in proc.stdout, proc.stdout
+    assert "comm vs WA" in proc.stdout and "speedup" in proc.stdout and f"chart: {out}" in proc.stdout
+    assert "identical final parameters" in proc.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # progress went to stderr, one line per milestone
+    assert "WA+C: epoch 1/1: test accuracy" in proc.stderr and "tearing down" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@needs_root
+def test_demo_ctrl_c_tears_down(tb_name, no_leaks, tmp_path):
+    out = tmp_path / "demo.png"
+    _interrupt_and_check(["demo", "--hosts", "2", "--epochs", "1", "--max-iters", "100000", "--name", tb_name,
+                          "--out", str(out)], "WA: 2 workers", tb_name)
+    assert not out.exists()
+
+
+@needs_root
+def test_divergence_is_one_clear_error(tb_name, no_leaks):
+    proc = run_cli("train", "--hosts", "2", "--lr", "1e7", "--epochs", "1", "--max-iters", "10",
+                   "--name", tb_name, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("inceptionn: error: INC: training diverged"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert ns.list_netns(f"inc-{tb_name}-") == []
+
+
+@needs_root
+@pytest.mark.parametrize("args,needles", [
+    (["train", "--data", "/nonexistent/mnist"], ["does not exist"]),
+    (["train", "--compress", "zip"], ["unknown compression", "nic"]),
+    (["train", "--hosts", "1"], ["--hosts must be at least 2"]),
+    (["train", "--epochs", "0"], ["--epochs must be at least 1"]),
+    (["demo", "--out", "/nonexistent/dir/x.png"], ["does not exist"]),
+    (["bench", "train", "--configs", "inc,bogus"], ["unknown bogus"]),
+])
+def test_user_errors_are_one_line(args, needles, tb_name, no_leaks):
+    proc = run_cli(*args, "--name", tb_name, timeout=60)
+    assert_one_line_error(proc, *needles)
+    assert ns.list_netns(f"inc-{tb_name}-") == []
