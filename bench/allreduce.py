@@ -9,6 +9,9 @@ gradients captured from training, tiled to the size asked) with, side by side in
   gloo      torch.distributed's gloo allreduce (needs torch)
   mpi       MPI_Allreduce through mpi4py, launched with ``inceptionn mpirun`` (OpenMPI defaults)
 
+and on request (--impls): ring-notag (ring-nic's computation on untagged sockets: the cost of the
+application side alone), wa and wa-nic (the worker-aggregator exchange, plain or compressed).
+
 Reported: median seconds per allreduce [min-max over all reps], speedups of ring-nic over gloo
 and MPI, and the error of one compressed reduction (NMSE against the float64 sum). Then the
 paper's Fig. 15: exchange time of ring-nic and of the worker-aggregator baseline (wa-nic: the
@@ -34,7 +37,8 @@ from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import format_rate, parse_rate
 
 HELP = "ring allreduce with and without the soft NIC against gloo and OpenMPI, 2 to 8 hosts"
-IMPLS = ("ring", "ring-nic", "gloo", "mpi")
+IMPLS = ("ring", "ring-nic", "gloo", "mpi")          # the default comparison
+EXTRA_IMPLS = ("ring-notag", "wa", "wa-nic")         # on request: app-side cost alone, WA
 SCALE_IMPLS = ("ring-nic", "wa-nic")
 GLOO_PORT = 29511
 PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
@@ -177,8 +181,8 @@ def run(args) -> int:
 
     impls = _csv(args.impls, "impls")
     for i in impls:
-        if i not in IMPLS:
-            raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS)}")
+        if i not in IMPLS + EXTRA_IMPLS:
+            raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS + EXTRA_IMPLS)}")
     if "gloo" in impls:
         try:
             import torch  # noqa: F401

@@ -5,7 +5,7 @@ gradient file and prints one JSON line. Run by the benchmark inside a testbed ho
                                               [--error-bound K]
 
 IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
-soft NICs compress both legs), ``wa-nic`` (the worker-aggregator exchange, gradient leg tagged),
+soft NICs compress both legs), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
 ``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the
 cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI).
 WORKDIR holds ``grad<rank>.npy`` (this rank's input) and ``exact.npy`` (the float64 sum), and
@@ -56,11 +56,11 @@ def main(argv: list[str]) -> int:
         from inceptionn.codecs import get_codec
         from inceptionn.shim.collective import Group
         from inceptionn.shim.rendezvous import FileStore
-        compress = None if impl == "ring" else "nic"
+        compress = None if impl in ("ring", "wa") else "nic"
         group = Group(rank, world, FileStore(os.path.join(workdir, "store")), compress=compress,
                       codec=get_codec("inceptionn", error_bound=error_bound), prefix=f"bench-{impl}",
                       tag=impl != "ring-notag")
-        if impl == "wa-nic":
+        if impl in ("wa", "wa-nic"):
             op = lambda: buf.__setitem__(slice(None), group.wa_step(buf, lambda s: s))  # noqa: E731
         else:
             op = lambda: group.allreduce(buf, out=buf)  # noqa: E731

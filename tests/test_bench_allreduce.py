@@ -1,0 +1,39 @@
+"""``inceptionn bench allreduce`` end to end on a small testbed: our ring with and without the
+soft NIC and gloo, real processes in namespaces; every rank must end with the same result (the
+benchmark checks CRCs) and the compressed ring must stay close to the exact sum. Bad arguments
+give one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest_testbed import assert_one_line_error, needs_root, no_leaks, run_cli  # noqa: F401
+
+
+@needs_root
+def test_small_run_reports_every_allreduce(no_leaks, capsys):
+    from inceptionn.cli import main
+    rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "3",
+               "--scale-hosts", "2", "--scale-size", "1", "--impls", "ring,ring-nic,gloo",
+               "--reps", "1", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    link = r["links"][0]
+    row = link["sizes"]["1"]
+    assert set(row) == {"ring", "ring-nic", "gloo"}
+    for impl, v in row.items():
+        assert 0 < v["min"] <= v["median"] <= v["max"] < 60, (impl, v)
+    assert row["ring"]["nmse"] < 1e-10 and row["gloo"]["nmse"] < 1e-10   # exact float32 sums
+    assert 0 < row["ring-nic"]["nmse"] < 0.5                                # lossy, but the sum
+    assert set(link["scaling"]["2"]) == {"ring-nic", "wa-nic"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--impls", "ring,carrier-pigeon"], "unknown 'carrier-pigeon'"),
+    (["--rates", "fast"], "fast"),
+    (["--sizes", "ten"], "--sizes"),
+    (["--hosts", "1"], "hosts must be"),
+])
+def test_bad_arguments_give_one_line(args, needle):
+    assert_one_line_error(run_cli("bench", "allreduce", *args), needle)
