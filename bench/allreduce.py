@@ -62,6 +62,22 @@ def write_inputs(workdir: str, world: int, nbytes: int, captures: list[np.ndarra
     np.save(os.path.join(workdir, "exact.npy"), exact)
 
 
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object in ``text``: mpirun forwards the ranks' output, and two ranks' lines
+    can end up on one line."""
+    dec, objs, i = json.JSONDecoder(), [], text.find("{")
+    while i >= 0:
+        try:
+            obj, end = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            objs.append(obj)
+        i = text.find("{", end)
+    return objs
+
+
 def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeout: float,
              error_bound: int) -> dict:
     hosts = tb.hosts[:world]
@@ -74,7 +90,7 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise UserError(f"mpi run failed: {r.stderr.strip()[-500:]}")
-        outs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        outs = json_objects(r.stdout)
     else:
         env = dict(os.environ, GLOO_SOCKET_IFNAME=hosts[0].ifname)
         procs = [h.popen(PEER + [impl, str(rank), str(world), workdir, str(reps),
@@ -88,7 +104,7 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
                 out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
                 if p.returncode != 0:
                     errors.append(err.strip()[-500:])
-                outs += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+                outs += json_objects(out)
         finally:
             for p in procs:
                 if p.poll() is None:
