@@ -375,13 +375,8 @@ def _app_sent(stats: dict) -> int:
 
 
 def _stop(p: subprocess.Popen, timeout: float) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    from ..daemon.launch import stop  # terminate, then kill after the timeout
+    stop(p, timeout)
 
 
 def _cpu_seconds(pid: int) -> float:
