@@ -33,3 +33,15 @@ def decode_stream(decode, strerror, ok: int, label: str, view: memoryview, out: 
         raise ValueError(f"malformed {label} stream: {error_text(strerror, r)} at byte {err_at[0]} "
                          f"(stream of {view.nbytes} bytes, {out.size} values)")
     return out
+
+
+def decode_blob(impl: str, ref_decode, blob, out, decode, strerror, ok: int, label: str) -> np.ndarray:
+    """A wrapper's whole ``decode_into``: check the stream and the buffer, then decode with the
+    numpy reference (``impl == "numpy"``: ``ref_decode(bytes, n)``) or the C decoder."""
+    from .base import check_blob, check_out
+    view = check_blob(blob)
+    out = check_out(out)
+    if impl == "numpy":
+        out[:] = ref_decode(bytes(view), out.size)
+        return out
+    return decode_stream(decode, strerror, ok, label, view, out)

@@ -26,9 +26,9 @@ import secrets
 import numpy as np
 
 from . import terngrad_reference as ref
-from ._cffi_util import decode_stream, error_text
+from ._cffi_util import decode_blob, error_text
 from ._native import ffi, lib
-from .base import Codec, check_blob, check_choice, check_out, check_vector
+from .base import Codec, check_choice, check_vector
 
 PACKINGS = {"2bit": lib.TG_PACK_2BIT, "base3": lib.TG_PACK_BASE3}
 IMPLS = ("auto", "c", "numpy")
@@ -146,12 +146,7 @@ class TernGradCodec(Codec):
         return blob
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
-        view = check_blob(blob)
-        out = check_out(out)
-        if self.impl == "numpy":
-            out[:] = ref.decode(bytes(view), out.size)
-            return out
-        return decode_stream(lib.tg_decode, lib.tg_strerror, lib.TG_OK, "terngrad", view, out)
+        return decode_blob(self.impl, ref.decode, blob, out, lib.tg_decode, lib.tg_strerror, lib.TG_OK, "terngrad")
 
     def check_count_fits(self, nbytes: int, n: int) -> None:
         sizes = (ref.encoded_size(n, "2bit"), ref.encoded_size(n, "base3"))

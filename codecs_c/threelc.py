@@ -18,9 +18,9 @@ from collections.abc import Hashable
 import numpy as np
 
 from . import threelc_reference as ref
-from ._cffi_util import decode_stream, error_text, floats_out
+from ._cffi_util import decode_blob, error_text, floats_out
 from ._native import ffi, lib
-from .base import Codec, check_blob, check_choice, check_out, check_vector
+from .base import Codec, check_choice, check_vector
 from .memory import ErrorFeedback
 
 IMPLS = ("auto", "c", "numpy")
@@ -105,12 +105,7 @@ class ThreeLCCodec(Codec):
         self.memory.reset()
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
-        view = check_blob(blob)
-        out = check_out(out)
-        if self.impl == "numpy":
-            out[:] = ref.decode(bytes(view), out.size)
-            return out
-        return decode_stream(lib.tlc_decode, lib.tlc_strerror, lib.TLC_OK, "3lc", view, out)
+        return decode_blob(self.impl, ref.decode, blob, out, lib.tlc_decode, lib.tlc_strerror, lib.TLC_OK, "3lc")
 
     def check_count_fits(self, nbytes: int, n: int) -> None:
         if n > lib.TLC_MAX_COUNT or not min_encoded_size(n) <= nbytes <= max_encoded_size(n):
