@@ -78,6 +78,13 @@ def test_unreadable_config(tmp_path):
     assert_refused(run_nicd_config(tmp_path), str(tmp_path), "cannot read")  # a directory
 
 
+def test_config_not_utf8_refused(tmp_path):
+    f = tmp_path / "latin1.toml"
+    f.write_bytes(IFACE.encode() + "# Gr\u00fc\u00dfe\nerror_bound = -8\n".encode("latin-1"))
+    msg = assert_refused(run_nicd_config(f), f"{f}:2:", "UTF-8", "0xfc")
+    assert "does not exist" not in msg
+
+
 def test_toml_syntax_error_names_line(tmp_path):
     f = tmp_path / "syntax.toml"
     f.write_text(IFACE + "error_bound = \n")
