@@ -15,7 +15,7 @@ Egress (mangle POSTROUTING -o IFACE, after conntrack saw the original segment), 
                                      which could never shrink, never cost a queue round trip)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
 Ingress:
-  raw PREROUTING -i IFACE: `tos_compressed` TCP with >= 10 payload bytes (a shim header)
+  raw PREROUTING -i IFACE: `tos_compressed` TCP with a payload, not a SYN (MAY_BE_COMPRESSED)
                                   -> ingress queue, NO bypass: fail closed, TCP retransmits.
                                      In raw, before conntrack, so conntrack and every firewall
                                      rule see the restored lengths (an INVALID-drop rule would
@@ -51,10 +51,43 @@ TABLES = ("raw", "mangle")
 # Smallest tagged IP packet worth a queue round trip: 20 (IP) + up to 60 (TCP) + 20 bytes of
 # payload; below that the 10-byte shim header and tag words leave nothing to gain.
 MIN_QUEUED_LENGTH = 100
-# u32: jump over the IP header (IHL) and the TCP header (data offset), then read the word at
-# payload offset 6, which exists only when the payload holds a whole 10-byte shim header. SYNs
-# and pure ACKs of hosts that happen to use the compressed DSCP never match.
-HAS_SHIM_HEADER = "0>>22&0x3C@12>>26&0x3C@6=0:0xFFFFFFFF"
+
+
+def _cbpf(*insns: tuple[int, int, int, int]) -> str:
+    """A classic BPF program in the form `-m bpf --bytecode` takes."""
+    return ",".join([str(len(insns))] + [" ".join(map(str, i)) for i in insns])
+
+
+# Classic BPF opcodes (linux/filter.h); xt_bpf runs the program on the IP packet.
+_LDX_IPHDR, _LDB_X, _LD_LEN, _TXA, _TAX = 0xB1, 0x50, 0x80, 0x87, 0x07
+_ADD_K, _ADD_X, _RSH_K, _AND_K, _JGE_X, _JGT_X, _JSET_K, _RET_K = 0x04, 0x0C, 0x74, 0x54, 0x3D, 0x2D, 0x45, 0x06
+# Matches a TCP packet that could be a compressed segment: not a SYN, and a payload after the
+# headers (compressed segments always carry one, a 10-byte shim header at least), so SYNs and
+# pure ACKs of hosts that happen to use the compressed DSCP are never queued or dropped. A
+# packet too short for a TCP header matches too: nicd drops and counts it. (u32 cannot test
+# "payload of 1 byte or more", and a length match cannot see the header lengths.)
+MAY_BE_COMPRESSED = _cbpf(
+    (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
+    (_TXA, 0, 0, 0),         # 1
+    (_ADD_K, 0, 0, 20),      # 2  A = IP header + the smallest TCP header
+    (_TAX, 0, 0, 0),         # 3
+    (_LD_LEN, 0, 0, 0),      # 4  A = packet length
+    (_JGE_X, 1, 0, 0),       # 5  room for a TCP header? -> 7
+    (_RET_K, 0, 0, 1),       # 6  no: malformed, match (nicd counts it)
+    (_LDX_IPHDR, 0, 0, 0),   # 7  X = IP header length
+    (_LDB_X, 0, 0, 13),      # 8  A = TCP flags
+    (_JSET_K, 0, 1, 0x02),   # 9  SYN? -> 10, else 11
+    (_RET_K, 0, 0, 0),       # 10 a SYN: no match
+    (_LDB_X, 0, 0, 12),      # 11 A = data offset << 4
+    (_RSH_K, 0, 0, 2),       # 12
+    (_AND_K, 0, 0, 0x3C),    # 13 A = TCP header length
+    (_ADD_X, 0, 0, 0),       # 14 A = IP + TCP header length
+    (_TAX, 0, 0, 0),         # 15
+    (_LD_LEN, 0, 0, 0),      # 16
+    (_JGT_X, 0, 1, 0),       # 17 anything after the headers? -> 18, else 19
+    (_RET_K, 0, 0, 1),       # 18 a payload: match
+    (_RET_K, 0, 0, 0),       # 19 a pure ACK: no match
+)
 QUEUE_PROC = Path("/proc/net/netfilter/nfnetlink_queue")
 log = logging.getLogger("inceptionn.nicd")
 
@@ -88,7 +121,7 @@ def _dscp(tos: int) -> list[str]:
 
 def _compressed(cfg: NicdConfig, ifname: str) -> list[str]:
     """Ingress match of a compressed segment: what the queue takes and the drop refuses."""
-    return ["PREROUTING", "-i", ifname, "-p", "tcp"] + _dscp(cfg.tos_compressed) + ["-m", "u32", "--u32", HAS_SHIM_HEADER]
+    return ["PREROUTING", "-i", ifname, "-p", "tcp"] + _dscp(cfg.tos_compressed) + ["-m", "bpf", "--bytecode", MAY_BE_COMPRESSED]
 
 
 def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
