@@ -85,6 +85,7 @@ def _remove_stale_socket(path: str) -> None:
 def cleanup(args) -> int:
     """Remove the queue rules of every instance that no longer runs (a stop or a crash) and a
     stale socket: systemd's ExecStopPost. The fail-closed drops stay."""
+    rules.check_access()
     n = rules.remove_dead()
     _remove_stale_socket(_configured_socket(args))
     print(f"nicd cleanup: removed {n} rule(s); the drop of compressed packets stays "
@@ -94,6 +95,7 @@ def cleanup(args) -> int:
 
 def uninstall(args) -> int:
     """Remove every nicd rule, the fail-closed drops included, and a stale socket."""
+    rules.check_access()
     running = rules.running_instances()
     if running:
         raise UserError(f"nicd is running (queue base {', '.join(map(str, running))}); stop it before "

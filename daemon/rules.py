@@ -228,6 +228,12 @@ class Rule:
         return self.comment == FAILCLOSED_COMMENT
 
 
+def check_access() -> None:
+    """Refuse early, in one line, when iptables cannot read the rules (not root, no
+    CAP_NET_ADMIN): a cleanup that silently found nothing would look like success."""
+    _iptables("-t", "raw", "-S", "PREROUTING")
+
+
 def list_ours() -> list[Rule]:
     """Every rule nicd put in this network namespace: all instances, and the drops."""
     found = []
