@@ -88,7 +88,7 @@ MAY_BE_COMPRESSED = _cbpf(
     (_RET_K, 0, 0, 1),       # 18 a payload: match
     (_RET_K, 0, 0, 0),       # 19 a pure ACK: no match
 )
-QUEUE_PROC = Path("/proc/net/netfilter/nfnetlink_queue")
+QUEUE_PROC = Path("/proc/self/net/netfilter/nfnetlink_queue")  # this network namespace's
 log = logging.getLogger("inceptionn.nicd")
 
 
@@ -263,8 +263,10 @@ def bound_queues() -> set[int]:
     per namespace; an instance dies with its netlink socket, so a crashed daemon's are gone)."""
     try:
         text = QUEUE_PROC.read_text()
-    except OSError:  # nfnetlink_queue not loaded: nobody can have bound a queue
+    except FileNotFoundError:  # nfnetlink_queue not loaded: nobody can have bound a queue
         return set()
+    except OSError as exc:  # guessing "none" here would remove running instances' rules
+        raise UserError(f"cannot tell which nicd instances run: {QUEUE_PROC}: {exc.strerror}") from None
     return {int(line.split()[0]) for line in text.splitlines() if line.split()}
 
 
