@@ -121,7 +121,8 @@ def _dscp(tos: int) -> list[str]:
 
 def _compressed(cfg: NicdConfig, ifname: str) -> list[str]:
     """Ingress match of a compressed segment: what the queue takes and the drop refuses."""
-    return ["PREROUTING", "-i", ifname, "-p", "tcp"] + _dscp(cfg.tos_compressed) + ["-m", "bpf", "--bytecode", MAY_BE_COMPRESSED]
+    return (["PREROUTING", "-i", ifname, "-p", "tcp"] + _dscp(cfg.tos_compressed)
+            + ["-m", "bpf", "--bytecode", MAY_BE_COMPRESSED])
 
 
 def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:

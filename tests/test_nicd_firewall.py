@@ -12,6 +12,7 @@ Needs root (namespaces, iptables, NFQUEUE).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 
@@ -19,7 +20,7 @@ import pytest
 
 from test_nicd import (INC, PY, assert_words_equal, grads, iptables_save, make_testbed,  # noqa: F401
                        recon, running_nicd, small, transfer)  # grads, small: fixtures
-from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted
+from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted, raw_prerouting
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
@@ -168,3 +169,27 @@ def test_instances_in_one_namespace_leave_each_other_alone(tmp_path, small):
                 c1, ca = d1.counters(), a.counters()
     assert_words_equal(got, recon(small[:100_000], -10).tobytes(), "through A after B's lifecycle")
     assert c1["egress_compressed"] > 0 and ca["ingress_restored"] == c1["egress_compressed"]
+
+
+def test_rules_go_ahead_of_the_hosts_accept_rules(tmp_path, small):
+    """Hosts whose chains already ACCEPT everything early (a firewall's "allow" lines) would let
+    tagged packets skip the egress queue and compressed ones skip the ingress queue: nicd's
+    rules go first. A count-only rule already at the top stays there and sees the wire."""
+    data = small[:200_000].tobytes()
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        for h in (h1, h2):
+            for table, chain in (("raw", "PREROUTING"), ("mangle", "PREROUTING"), ("mangle", "POSTROUTING")):
+                h.run(["iptables", "-w", "5", "-t", table, "-A", chain, "-p", "tcp", "-m", "dscp", "--dscp", "11",
+                       "-m", "comment", "--comment", f"nt-count-{table}-{chain}"], check=True)
+                h.run(["iptables", "-w", "5", "-t", table, "-A", chain, "-m", "comment", "--comment",
+                       f"nt-accept-{table}-{chain}", "-j", "ACCEPT"], check=True)
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            got = transfer(h1, h2, data, tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+            order = [re.search(r"--comment (\S+)", line).group(1) for line in raw_prerouting(h2)]
+        on_wire = counted(h2, "nt-count-raw-PREROUTING", "raw")[0]
+    assert_words_equal(got, recon(small[:200_000], -10).tobytes(), "past the hosts' ACCEPT rules")
+    assert c1["egress_compressed"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
+    assert on_wire >= c1["egress_compressed"], "the count-only rule was pushed behind the queue"
+    assert order == ["nt-count-raw-PREROUTING", "inceptionn-nicd-7100", DROP_COMMENT, "nt-accept-raw-PREROUTING"]
