@@ -95,6 +95,7 @@ def test_receiver_down_under_the_unit_delivers_no_compressed_byte(tmp_path, grad
             try:
                 t.wait_received(1_500_000)
                 rc = d2.stop_like_systemd(signal.SIGTERM if how == "stop" else signal.SIGKILL)
+                stopped = time.monotonic()
                 if how == "stop":
                     assert rc == 0, (tmp_path / "h2-first.log").read_text()
                 # RestartSec plus start-up (or a start limit hit): the peer keeps compressing.
@@ -117,6 +118,11 @@ def test_receiver_down_under_the_unit_delivers_no_compressed_byte(tmp_path, grad
                 queue = next(i for i, r in enumerate(rules) if "NFQUEUE" in r)
                 drop = next(i for i, r in enumerate(rules) if DROP_COMMENT in r)
                 assert queue < drop, f"the queue rule must come before the drop: {rules}"
+                ready = time.monotonic()
+                t.wait_received(n1 + 1, timeout=60)
+                dropped = counted(h2, DROP_COMMENT, "raw")
+                print(f"{how}: the drop held {dropped[0]} compressed packets ({dropped[1]} bytes) for "
+                      f"{ready - stopped:.1f} s; data resumed {time.monotonic() - ready:.2f} s after the restart")
                 got = t.finish(timeout=90)
                 restored = counters(tmp_path / f"{h2.name}.sock")["ingress_restored"]
                 assert d2b.stop_like_systemd(signal.SIGTERM) == 0
