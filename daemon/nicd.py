@@ -5,6 +5,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -67,7 +68,12 @@ def _configured_socket(args) -> str:
 
 
 def _remove_stale_socket(path: str) -> None:
-    """Unlink the socket unless a daemon still serves it."""
+    """Unlink the socket unless a daemon still serves it (or it is no socket at all)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return
+    except OSError:
+        return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
@@ -78,7 +84,7 @@ def _remove_stale_socket(path: str) -> None:
         probe.close()
     try:
         Path(path).unlink()
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         pass
 
 
