@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import textwrap
+import time
 
 import pytest
 
@@ -111,7 +112,6 @@ def test_only_segments_with_a_payload_are_queued_or_dropped(tmp_path):
 
 
 def _settle(pred, timeout=5.0) -> bool:
-    import time
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
