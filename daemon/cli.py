@@ -11,8 +11,9 @@ def register(sub) -> None:
                        description="Run the soft NIC: compress TCP packets marked with the gradient "
                        "ToS on the way out of the configured interfaces, restore them on the way in. "
                        "Settings come from --config (default /etc/inceptionn/nicd.toml if present), "
-                       "flags override them. SIGTERM/SIGINT stop it and remove its rules; SIGHUP "
-                       "reloads error_bound and log_level.")
+                       "flags override them. SIGTERM/SIGINT stop it and remove its queue rules; a drop of "
+                       "compressed packets stays, so none reaches an application while it is down, "
+                       "until --uninstall. SIGHUP reloads error_bound and log_level.")
     p.add_argument("--config", metavar="PATH", help="TOML config file (default /etc/inceptionn/nicd.toml if present)")
     p.add_argument("-i", "--interface", action="append", metavar="IFACE", help="interface to manage (repeatable)")
     p.add_argument("--tos", type=_int_auto, help="the gradient mark as a ToS byte (default 0x28, DSCP 10)")
@@ -25,7 +26,13 @@ def register(sub) -> None:
     p.add_argument("--accept-only", action="store_true",
                    help="diagnostic: queue tagged packets both ways and accept them unchanged "
                    "(measures the queue's own cost; compresses nothing)")
-    p.add_argument("--cleanup", action="store_true", help="remove every nicd rule and a stale socket, then exit")
+    once = p.add_mutually_exclusive_group()
+    once.add_argument("--cleanup", action="store_true",
+                      help="remove the queue rules of every nicd that no longer runs (after a stop or a crash) "
+                      "and a stale socket, keep the drop of compressed packets, then exit")
+    once.add_argument("--uninstall", action="store_true",
+                      help="remove every nicd rule, the drop of compressed packets included, and a stale "
+                      "socket, then exit (refused while nicd runs)")
     p.set_defaults(func=lambda a: __import__("inceptionn.daemon.nicd", fromlist=["run"]).run(a))
 
     s = sub.add_parser("stats", help="live counters of the running soft NIC daemon")

@@ -105,9 +105,15 @@ def load(path: Path | None, overrides: dict) -> NicdConfig:
     if path is not None:
         src = str(path)
         try:
-            text = Path(path).read_text()
+            raw = Path(path).read_bytes()
         except OSError as exc:
             raise UserError(f"cannot read config {path}: {exc.strerror}") from None
+        try:
+            text = raw.decode("utf-8")  # TOML is UTF-8 whatever the locale says
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise UserError(f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                            "TOML files must be UTF-8") from None
         try:
             values = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

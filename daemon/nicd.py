@@ -5,9 +5,11 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 from ..errors import UserError
@@ -52,21 +54,69 @@ def overrides_from(args) -> dict:
             "socket": args.socket, "codec": args.codec, "accept_only": args.accept_only or None}
 
 
-def cleanup(args) -> int:
-    """Remove every nicd rule and a stale socket: systemd's ExecStopPost, also after a crash."""
-    n = rules.remove_all()
-    sock = args.socket or config.NicdConfig().socket
+def _configured_socket(args) -> str:
+    """The stats socket a cleanup looks at: --socket, else the config file's, else the default.
+    Read leniently: a broken config file must not keep ExecStopPost from cleaning up."""
+    if args.socket:
+        return args.socket
+    path = Path(args.config) if args.config else config.DEFAULT_PATH
     try:
-        Path(sock).unlink()
+        sock = tomllib.loads(path.read_bytes().decode()).get("socket")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        sock = None
+    return sock if isinstance(sock, str) and sock.startswith("/") else config.NicdConfig().socket
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Unlink the socket unless a daemon still serves it (or it is no socket at all)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return
+    except OSError:
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return  # someone answers: a running instance's socket
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        Path(path).unlink()
     except FileNotFoundError:
         pass
-    print(f"nicd cleanup: removed {n} rule(s)", file=sys.stderr)
+
+
+def cleanup(args) -> int:
+    """Remove the queue rules of every instance that no longer runs (a stop or a crash) and a
+    stale socket: systemd's ExecStopPost. The fail-closed drops stay."""
+    rules.check_access()
+    n = rules.remove_dead()
+    _remove_stale_socket(_configured_socket(args))
+    print(f"nicd cleanup: removed {n} rule(s); the drop of compressed packets stays "
+          "(`inceptionn nicd --uninstall` removes it)", file=sys.stderr)
+    return 0
+
+
+def uninstall(args) -> int:
+    """Remove every nicd rule, the fail-closed drops included, and a stale socket."""
+    rules.check_access()
+    running = rules.running_instances()
+    if running:
+        raise UserError(f"nicd is running (queue base {', '.join(map(str, running))}); stop it before "
+                        "--uninstall (systemctl stop inceptionn-nicd)")
+    n = rules.remove_everything()
+    _remove_stale_socket(_configured_socket(args))
+    print(f"nicd uninstall: removed {n} rule(s)", file=sys.stderr)
     return 0
 
 
 def run(args) -> int:
     if args.cleanup:
         return cleanup(args)
+    if args.uninstall:
+        return uninstall(args)
     cfg = config.load(Path(args.config) if args.config else None, overrides_from(args))
     setup_logging(cfg.log_level)
     if os.geteuid() != 0:
@@ -116,8 +166,8 @@ def run(args) -> int:
         log.info("stopping")
         return 0
     finally:
-        n = rules.remove_all()
-        log.info("removed %d rule(s)", n)
+        n = rules.remove_instance(cfg.queue_base)
+        log.info("removed %d rule(s); the drop of compressed packets stays", n)
         if server:
             server.close()
         dp.stop()

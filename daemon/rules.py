@@ -1,32 +1,99 @@
-"""The netfilter rules that feed nicd's queues, installed on start and removed on stop.
+"""The netfilter rules that feed nicd's queues, and the drop that keeps ingress closed without it.
 
 iptables (nf_tables backend through the xtables compat layer): this kernel has no native nft
-`queue` statement. Every rule carries the comment below, so a cleanup finds exactly ours, also
-after a crash.
+`queue` statement. Each instance's rules carry the comment ``inceptionn-nicd-<queue_base>``
+(its first queue number, unique among the instances of a network namespace, since two
+processes cannot bind one queue), so an instance finds exactly its own rules, also after a
+crash, and leaves the other instances' alone. Rules are inserted at the top of their chains,
+in order, ahead of whatever firewall the host has (behind leading rules that only count or
+drop, see _top).
 
-Egress (mangle POSTROUTING, -o IFACE), may fail open (--queue-bypass):
+Egress (mangle POSTROUTING -o IFACE, after conntrack saw the original segment), may fail open
+(--queue-bypass):
   tagged TCP SYN (DSCP of `tos`)  -> egress queue: remember the ISN, mark "soft NIC here"
   tagged TCP, IP length >= 100    -> egress queue: compress (pure ACKs and tiny segments,
                                      which could never shrink, never cost a queue round trip)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
-Ingress (mangle PREROUTING, -i IFACE):
-  compressed TCP (`tos_compressed`) -> ingress queue, NO bypass: fail closed, TCP retransmits
-  SYN / SYN-ACK with `tos_hello`    -> ingress queue, bypass: without us the flow stays raw
+Ingress:
+  raw PREROUTING -i IFACE: `tos_compressed` TCP with a payload, not a SYN (MAY_BE_COMPRESSED)
+                                  -> ingress queue, NO bypass: fail closed, TCP retransmits.
+                                     In raw, before conntrack, so conntrack and every firewall
+                                     rule see the restored lengths (an INVALID-drop rule would
+                                     otherwise stall the flow)
+  mangle PREROUTING -i IFACE: SYN / SYN-ACK with `tos_hello` -> ingress queue, bypass: without
+                                     us the flow stays raw. Left after conntrack: nicd only
+                                     rewrites its ToS byte, which conntrack never looks at
+Persistent (comment ``inceptionn-failclosed``), raw PREROUTING right after the queue rule:
+  the same compressed match -> DROP. Installed on start, kept by stop, crash and `--cleanup`,
+  removed only by `inceptionn nicd --uninstall`: a peer keeps compressing the flows it
+  negotiated while this daemon restarts or stays down, and those bytes must never reach an
+  application. While the daemon runs, the queue rule takes the packets first (an accepted
+  verdict leaves the chain), and a restored packet no longer carries the compressed mark.
 """
 from __future__ import annotations
 
 import logging
+import re
+import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import UserError
 from .config import NicdConfig
 
+# + "-<queue_base>" per instance; "-" keeps it unquoted in `iptables -S`, where the status
+# probe of shim/mpirun.py looks for "--comment inceptionn-nicd".
 COMMENT = "inceptionn-nicd"
+FAILCLOSED_COMMENT = "inceptionn-failclosed"  # the persistent drops, all instances
+TABLES = ("raw", "mangle")
 # Smallest tagged IP packet worth a queue round trip: 20 (IP) + up to 60 (TCP) + 20 bytes of
 # payload; below that the 10-byte shim header and tag words leave nothing to gain.
 MIN_QUEUED_LENGTH = 100
+
+
+def _cbpf(*insns: tuple[int, int, int, int]) -> str:
+    """A classic BPF program in the form `-m bpf --bytecode` takes."""
+    return ",".join([str(len(insns))] + [" ".join(map(str, i)) for i in insns])
+
+
+# Classic BPF opcodes (linux/filter.h); xt_bpf runs the program on the IP packet.
+_LDX_IPHDR, _LDB_X, _LD_LEN, _TXA, _TAX = 0xB1, 0x50, 0x80, 0x87, 0x07
+_ADD_K, _ADD_X, _RSH_K, _AND_K, _JGE_X, _JGT_X, _JSET_K, _RET_K = 0x04, 0x0C, 0x74, 0x54, 0x3D, 0x2D, 0x45, 0x06
+# Matches a TCP packet that could be a compressed segment: not a SYN, and a payload after the
+# headers (compressed segments always carry one, a 10-byte shim header at least), so SYNs and
+# pure ACKs of hosts that happen to use the compressed DSCP are never queued or dropped. A
+# packet too short for a TCP header matches too: nicd drops and counts it. (u32 cannot test
+# "payload of 1 byte or more", and a length match cannot see the header lengths.)
+MAY_BE_COMPRESSED = _cbpf(
+    (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
+    (_TXA, 0, 0, 0),         # 1
+    (_ADD_K, 0, 0, 20),      # 2  A = IP header + the smallest TCP header
+    (_TAX, 0, 0, 0),         # 3
+    (_LD_LEN, 0, 0, 0),      # 4  A = packet length
+    (_JGE_X, 1, 0, 0),       # 5  room for a TCP header? -> 7
+    (_RET_K, 0, 0, 1),       # 6  no: malformed, match (nicd counts it)
+    (_LDX_IPHDR, 0, 0, 0),   # 7  X = IP header length
+    (_LDB_X, 0, 0, 13),      # 8  A = TCP flags
+    (_JSET_K, 0, 1, 0x02),   # 9  SYN? -> 10, else 11
+    (_RET_K, 0, 0, 0),       # 10 a SYN: no match
+    (_LDB_X, 0, 0, 12),      # 11 A = data offset << 4
+    (_RSH_K, 0, 0, 2),       # 12
+    (_AND_K, 0, 0, 0x3C),    # 13 A = TCP header length
+    (_ADD_X, 0, 0, 0),       # 14 A = IP + TCP header length
+    (_TAX, 0, 0, 0),         # 15
+    (_LD_LEN, 0, 0, 0),      # 16
+    (_JGT_X, 0, 1, 0),       # 17 anything after the headers? -> 18, else 19
+    (_RET_K, 0, 0, 1),       # 18 a payload: match
+    (_RET_K, 0, 0, 0),       # 19 a pure ACK: no match
+)
+QUEUE_PROC = Path("/proc/self/net/netfilter/nfnetlink_queue")  # this network namespace's
 log = logging.getLogger("inceptionn.nicd")
+
+
+def instance_comment(cfg: NicdConfig) -> str:
+    return f"{COMMENT}-{cfg.queue_base}"
 
 
 def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -48,60 +115,179 @@ def _queue_target(queues: range, bypass: bool) -> list[str]:
     return target + (["--queue-bypass"] if bypass else [])
 
 
-def rule_specs(cfg: NicdConfig) -> list[list[str]]:
-    """The rules as iptables arguments after the chain name, in insertion order."""
-    dscp = lambda tos: ["-m", "dscp", "--dscp", str(tos >> 2)]  # noqa: E731
-    tag = ["-m", "comment", "--comment", COMMENT]
+def _dscp(tos: int) -> list[str]:
+    return ["-m", "dscp", "--dscp", str(tos >> 2)]
+
+
+def _compressed(cfg: NicdConfig, ifname: str) -> list[str]:
+    """Ingress match of a compressed segment: what the queue takes and the drop refuses."""
+    return (["PREROUTING", "-i", ifname, "-p", "tcp"] + _dscp(cfg.tos_compressed)
+            + ["-m", "bpf", "--bytecode", MAY_BE_COMPRESSED])
+
+
+def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
+    """This instance's queue rules as (table, iptables arguments from the chain name on), in
+    order within each chain."""
+    tag = ["-m", "comment", "--comment", instance_comment(cfg)]
     specs = []
     for ifname in cfg.interfaces:
         out = ["POSTROUTING", "-o", ifname, "-p", "tcp"]
         inn = ["PREROUTING", "-i", ifname, "-p", "tcp"]
         if cfg.accept_only:  # the same tagged packets through a queue each way, nothing else
-            specs += [out + dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True),
-                      inn + dscp(cfg.tos) + tag + _queue_target(cfg.ingress_queues, True)]
+            specs += [("mangle", out + _dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True)),
+                      ("mangle", inn + _dscp(cfg.tos) + tag + _queue_target(cfg.ingress_queues, True))]
             continue
         specs += [
-            out + ["--tcp-flags", "SYN,ACK", "SYN"] + dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True),
-            out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + dscp(cfg.tos) + tag
-            + _queue_target(cfg.egress_queues, True),
-            out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True),
-            inn + dscp(cfg.tos_compressed) + tag + _queue_target(cfg.ingress_queues, False),
-            inn + ["--tcp-flags", "SYN", "SYN"] + dscp(cfg.tos_hello) + tag + _queue_target(cfg.ingress_queues, True),
+            ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(cfg.tos) + tag
+             + _queue_target(cfg.egress_queues, True)),
+            ("mangle", out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + _dscp(cfg.tos) + tag
+             + _queue_target(cfg.egress_queues, True)),
+            ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),
+            ("raw", _compressed(cfg, ifname) + tag + _queue_target(cfg.ingress_queues, False)),
+            ("mangle", inn + ["--tcp-flags", "SYN", "SYN"] + _dscp(cfg.tos_hello) + tag
+             + _queue_target(cfg.ingress_queues, True)),
         ]
     return specs
 
 
+def failclosed_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
+    """The persistent drops of compressed segments, one per interface."""
+    tag = ["-m", "comment", "--comment", FAILCLOSED_COMMENT]
+    return [("raw", _compressed(cfg, ifname) + tag + ["-j", "DROP"]) for ifname in cfg.interfaces]
+
+
 def install(cfg: NicdConfig) -> None:
-    """Insert our rules at the top of the mangle chains, after removing stale ones."""
-    removed = remove_all()
+    """Insert this instance's rules at the top of their chains (after removing its stale ones),
+    then make sure the persistent drops sit below them."""
+    removed = remove_instance(cfg.queue_base)
     if removed:
-        log.warning("removed %d stale nicd rule(s) left by an earlier run", removed)
+        log.warning("removed %d stale nicd rule(s) of queue base %d left by an earlier run", removed, cfg.queue_base)
     specs = rule_specs(cfg)
+    placed: dict[tuple[str, str], int] = {}  # (table, chain) -> the position of our next rule
     try:
-        for spec in specs:
-            chain, rest = spec[0], spec[1:]
-            # -A keeps our rules in order; a packet matching two of them (a tagged SYN-ACK)
-            # goes to the same queue either way.
-            _iptables("-t", "mangle", "-A", chain, *rest)
+        for table, (chain, *rest) in specs:
+            if (table, chain) not in placed:
+                placed[table, chain] = _top(table, chain)
+            # -I at increasing positions: at the top of the chain, in our order.
+            _iptables("-t", table, "-I", chain, str(placed[table, chain]), *rest)
+            placed[table, chain] += 1
+        for table, (chain, *rest) in failclosed_specs(cfg):
+            # A drop kept from an earlier run already sits below the rules just inserted above it.
+            if _iptables("-t", table, "-C", chain, *rest, check=False).returncode != 0:
+                _iptables("-t", table, "-I", chain, str(placed.get((table, chain)) or _top(table, chain)), *rest)
+                log.info("installed the fail-closed drop of compressed packets on %s", rest[1])
     except UserError:
-        remove_all()
+        remove_instance(cfg.queue_base)
         raise
     log.info("installed %d netfilter rules on %s", len(specs), ", ".join(cfg.interfaces))
 
 
-def list_ours() -> list[str]:
-    r = _iptables("-t", "mangle", "-S", check=False)
-    if r.returncode != 0:
-        return []
-    return [line for line in r.stdout.splitlines() if line.startswith("-A ") and f"--comment {COMMENT}" in line]
+def _top(table: str, chain: str) -> int:
+    """Where our rules go in a chain: ahead of every rule that could accept, divert or rewrite
+    a packet (or a compressed one could reach the stack unrestored, or lose its mark), behind
+    leading rules that only count or drop it (a wire counter, loss emulation, docker's raw
+    drops), so those keep seeing packets as they cross the wire."""
+    r = _iptables("-t", table, "-S", chain, check=False)
+    pos = 1
+    for line in r.stdout.splitlines() if r.returncode == 0 else []:
+        if not line.startswith("-A "):
+            continue
+        args = shlex.split(line)
+        target = next((v for k, v in zip(args, args[1:]) if k in ("-j", "-g")), None)
+        if target not in (None, "DROP") or _comment(args) is not None:
+            break  # also stop at our own rules, the fail-closed drop above all
+        pos += 1
+    return pos
 
 
-def remove_all() -> int:
-    """Delete every rule carrying our comment; returns how many. Safe to call any time."""
+def _comment(args: list[str]) -> str | None:
+    """Our comment on a rule (iptables -S words), None for anyone else's."""
+    try:
+        comment = args[args.index("--comment") + 1]
+    except (ValueError, IndexError):
+        return None
+    if comment in (FAILCLOSED_COMMENT, COMMENT) or re.fullmatch(rf"{COMMENT}-\d+", comment):
+        return comment
+    return None
+
+
+@dataclass
+class Rule:
+    table: str
+    args: list[str]  # as iptables -S prints it: "-A", chain, matches..., target
+    comment: str
+
+    @property
+    def queue_base(self) -> int | None:
+        """The instance a queue rule belongs to; None for the drops and for rules of versions
+        that did not tag the instance."""
+        m = re.fullmatch(rf"{COMMENT}-(\d+)", self.comment)
+        return int(m.group(1)) if m else None
+
+    @property
+    def failclosed(self) -> bool:
+        return self.comment == FAILCLOSED_COMMENT
+
+
+def check_access() -> None:
+    """Refuse early, in one line, when iptables cannot read the rules (not root, no
+    CAP_NET_ADMIN): a cleanup that silently found nothing would look like success."""
+    _iptables("-t", "raw", "-S", "PREROUTING")
+
+
+def list_ours() -> list[Rule]:
+    """Every rule nicd put in this network namespace: all instances, and the drops."""
+    found = []
+    for table in TABLES:
+        r = _iptables("-t", table, "-S", check=False)
+        if r.returncode != 0:
+            continue
+        for line in r.stdout.splitlines():
+            if not line.startswith("-A "):
+                continue
+            args = shlex.split(line)
+            if (comment := _comment(args)) is not None:
+                found.append(Rule(table, args, comment))
+    return found
+
+
+def _delete(rules: list[Rule]) -> int:
     n = 0
-    for line in list_ours():
-        args = line.split()
-        args[0] = "-D"
-        if _iptables("-t", "mangle", *args, check=False).returncode == 0:
+    for rule in rules:
+        if _iptables("-t", rule.table, "-D", *rule.args[1:], check=False).returncode == 0:
             n += 1
     return n
+
+
+def bound_queues() -> set[int]:
+    """Queue numbers some process has bound in this network namespace (the kernel lists them
+    per namespace; an instance dies with its netlink socket, so a crashed daemon's are gone)."""
+    try:
+        text = QUEUE_PROC.read_text()
+    except FileNotFoundError:  # nfnetlink_queue not loaded: nobody can have bound a queue
+        return set()
+    except OSError as exc:  # guessing "none" here would remove running instances' rules
+        raise UserError(f"cannot tell which nicd instances run: {QUEUE_PROC}: {exc.strerror}") from None
+    return {int(line.split()[0]) for line in text.splitlines() if line.split()}
+
+
+def remove_instance(queue_base: int) -> int:
+    """Delete one instance's queue rules (never the drops); returns how many."""
+    return _delete([r for r in list_ours() if r.queue_base == queue_base])
+
+
+def remove_dead() -> int:
+    """Delete the queue rules of every instance whose queues nobody has bound (a stopped or
+    crashed daemon), leaving running instances and the drops alone: what `--cleanup` does."""
+    bound = bound_queues()
+    return _delete([r for r in list_ours() if not r.failclosed and r.queue_base not in bound])
+
+
+def running_instances() -> list[int]:
+    bound = bound_queues()
+    return sorted({r.queue_base for r in list_ours() if r.queue_base is not None and r.queue_base in bound})
+
+
+def remove_everything() -> int:
+    """Delete every nicd rule of every instance and the fail-closed drops: `--uninstall`."""
+    return _delete(list_ours())

@@ -2,13 +2,23 @@
 ``inceptionn stats`` reads and prints it."""
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import socket
 import threading
 from pathlib import Path
 
 from ..errors import UserError
+
+log = logging.getLogger("inceptionn.nicd")
+SOCKET_MODE = 0o660  # the daemon's user and group
+# accept() errors that pass (out of descriptors or memory, a client gone before we took it):
+# wait a little and serve on.
+TEMPORARY_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED,
+                           errno.EINTR, errno.EAGAIN}
+MAX_BACKOFF_S = 1.0
 
 
 class StatsServer:
@@ -19,8 +29,13 @@ class StatsServer:
         if self.path.exists():
             self.path.unlink()  # stale socket of a crashed run; the queue bind already proved we are alone
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(self.path))
-        os.chmod(self.path, 0o660)
+        # bind() creates the file with the umask's mode: set it first, so the socket is never
+        # wider than SOCKET_MODE, not even between bind and a chmod.
+        old = os.umask(0o777 & ~SOCKET_MODE)
+        try:
+            self.sock.bind(str(self.path))
+        finally:
+            os.umask(old)
         self.sock.listen(8)
         self.sock.settimeout(0.2)
         self._stop = threading.Event()
@@ -28,13 +43,26 @@ class StatsServer:
         self.thread.start()
 
     def _serve(self) -> None:
+        backoff = 0.0
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
             except (TimeoutError, socket.timeout):
                 continue
-            except OSError:
-                return
+            except OSError as exc:
+                if exc.errno not in TEMPORARY_ACCEPT_ERRORS:
+                    if not self._stop.is_set():
+                        log.error("stats socket stopped serving: %s", exc)
+                    return
+                if not backoff:
+                    log.warning("stats socket: accept failed (%s), retrying", exc.strerror)
+                # the connection stays queued: wait instead of spinning on it
+                backoff = min(MAX_BACKOFF_S, backoff * 2 or 0.05)
+                self._stop.wait(backoff)
+                continue
+            if backoff:
+                log.info("stats socket: accepting again")
+                backoff = 0.0
             with conn:
                 try:
                     conn.sendall(json.dumps(self.snapshot()).encode() + b"\n")
@@ -68,6 +96,8 @@ def read(path: str, timeout: float = 3.0) -> dict:
         raise UserError(f"no nicd answers at {path} (stale socket?)") from None
     except PermissionError:
         raise UserError(f"not allowed to read {path} (run as root)") from None
+    except TimeoutError:
+        raise UserError(f"nicd at {path} did not answer within {timeout:.0f} s") from None
     finally:
         s.close()
     return json.loads(b"".join(chunks))

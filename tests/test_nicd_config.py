@@ -78,6 +78,13 @@ def test_unreadable_config(tmp_path):
     assert_refused(run_nicd_config(tmp_path), str(tmp_path), "cannot read")  # a directory
 
 
+def test_config_not_utf8_refused(tmp_path):
+    f = tmp_path / "latin1.toml"
+    f.write_bytes(IFACE.encode() + "# Gr\u00fc\u00dfe\nerror_bound = -8\n".encode("latin-1"))
+    msg = assert_refused(run_nicd_config(f), f"{f}:2:", "UTF-8", "0xfc")
+    assert "does not exist" not in msg
+
+
 def test_toml_syntax_error_names_line(tmp_path):
     f = tmp_path / "syntax.toml"
     f.write_text(IFACE + "error_bound = \n")
@@ -162,6 +169,88 @@ def test_sighup_reload_changes_error_bound(tmp_path):
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=15) == 0, log.read_text()
             assert not sock.exists()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# --- the stats socket --------------------------------------------------------------------------
+
+def test_stats_socket_never_wider_than_0660(tmp_path, monkeypatch):
+    """Under umask 0 a bind() makes the socket 0777; the mode must already be 0660 right after
+    bind (no window until a chmod), seen from inside bind() itself."""
+    import socket as pysocket
+
+    from inceptionn.daemon import stats as stats_mod
+
+    seen = []
+
+    class Recording(pysocket.socket):
+        def bind(self, addr):
+            super().bind(addr)
+            seen.append(os.stat(addr).st_mode & 0o777)
+
+    monkeypatch.setattr(stats_mod.socket, "socket", Recording)
+    old = os.umask(0)
+    try:
+        server = stats_mod.StatsServer(str(tmp_path / "s.sock"), lambda: {"ok": 1})
+    finally:
+        os.umask(old)
+    try:
+        assert seen == [0o660], [oct(m) for m in seen]
+        assert os.stat(tmp_path / "s.sock").st_mode & 0o777 == 0o660
+        assert stats_mod.read(str(tmp_path / "s.sock")) == {"ok": 1}
+        assert os.umask(old) == old, "the process umask was not restored"
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+def test_stats_socket_survives_running_out_of_descriptors(tmp_path):
+    """A daemon out of file descriptors cannot accept() (EMFILE); once descriptors are free
+    again it serves the client that waited and every later one."""
+    import resource
+    import socket as pysocket
+
+    from inceptionn.kernel_tc.testbed import Testbed
+    sock = tmp_path / "h.sock"
+    cfg = tmp_path / "nicd.toml"
+    cfg.write_text(f'interfaces = ["eth0"]\nsocket = "{sock}"\n')
+    log = tmp_path / "nicd.log"
+    with Testbed(hosts=1, name=f"nfd{os.getpid()}") as tb, open(log, "wb") as logf:
+        (h,) = tb.hosts
+        p = h.popen([INC, "nicd", "--config", str(cfg)], stdout=logf, stderr=logf)
+        try:
+            assert _wait_for(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 30), log.read_text()
+            assert p.poll() is None, log.read_text()
+            assert _error_bound(sock) == -10
+            limits = resource.prlimit(p.pid, resource.RLIMIT_NOFILE)
+            in_use = len(os.listdir(f"/proc/{p.pid}/fd"))
+            resource.prlimit(p.pid, resource.RLIMIT_NOFILE, (in_use, limits[1]))
+            try:
+                waiting = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+                waiting.settimeout(10)
+                waiting.connect(str(sock))  # queued in the backlog; accept() fails with EMFILE
+                assert _wait_for(lambda: b"accept failed" in log.read_bytes()), log.read_text()
+                time.sleep(0.5)  # a few more failed rounds (backing off, not spinning)
+            finally:
+                resource.prlimit(p.pid, resource.RLIMIT_NOFILE, limits)
+            with waiting:
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = waiting.recv(65536)
+                    assert chunk, "the daemon closed the waiting connection unanswered"
+                    answer += chunk
+            assert json.loads(answer)["pid"] == p.pid
+            for _ in range(3):
+                assert _error_bound(sock) == -10
+            assert p.poll() is None, log.read_text()
+            text = log.read_text()
+            assert "Too many open files" in text and "accepting again" in text, text
+            assert text.count("accept failed") == 1, "one line per streak of failures, not one per retry"
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=15) == 0, log.read_text()
         finally:
             if p.poll() is None:
                 p.kill()
