@@ -313,7 +313,9 @@ def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
     assert_words_equal(got1, recon(small, -10).tobytes(), "tagged flow")
     assert got2 == plain, "untagged flow changed"
     assert c1["egress_compressed"] > 0 and c1["flows_negotiated"] == 1
-    assert c1["egress_orig_bytes"] + c1["egress_raw_bytes"] <= len(tagged)  # only the tagged flow counted
+    # Only the tagged flow is counted: the untagged one would add len(plain). Retransmissions of
+    # tagged segments pass the queue again (a loaded machine makes some), so no exact equality.
+    assert c1["egress_orig_bytes"] + c1["egress_raw_bytes"] < len(tagged) + len(plain) // 2
 
 
 # --- 4. segments not on float boundaries -------------------------------------------------------
