@@ -245,13 +245,24 @@ def test_two_hosts_tagged_job_compressed_and_exact(sites):
         assert sb[key] == 0, (key, sb)
 
 
-def test_uninstall_removes_everything(sites):
-    """make uninstall-service with the service running: no rule of ours in any table (the
-    persistent drop included), no unit, no /opt/inceptionn, no link; the config stays."""
+def test_reinstall_then_uninstall(sites, wheelhouse):
+    """Installing again over a running service: a fresh venv, the operator's config kept, the
+    service restarted onto it. Then make uninstall-service with the service running: no rule of
+    ours in any table (the persistent drop included), no unit, no /opt/inceptionn, no link; the
+    config stays."""
     a = sites[0]
     c = a.c
     guide(c, f"systemctl enable --now {UNIT}")
     wait_for("the queue rules", lambda: queue_rules(a.host), c=c)
+    pid = main_pid(c)
+    set_setting(c, "log_level", '"debug"')
+    c.run(["touch", "/opt/inceptionn/stale-file"])
+    guide(c, f"make install-service WHEELHOUSE={wheelhouse}")
+    assert c.run(["test", "-e", "/opt/inceptionn/stale-file"]).returncode != 0  # a fresh venv
+    assert 'log_level = "debug"' in c.read_bytes(CONFIG).decode()
+    wait_for("the restarted service", lambda: main_pid(c) not in (0, pid), c=c)
+    wait_for("the stats socket", lambda: c.run(["inceptionn", "stats"]).returncode == 0, c=c)
+
     guide(c, "make uninstall-service")
     assert our_rules(a.host) == []
     assert c.run(["systemctl", "is-enabled", UNIT]).returncode != 0
