@@ -5,7 +5,8 @@ overlay of this machine's root file system), each inside one host of a two-host 
 `make install-service` installs /opt/inceptionn from the wheelhouse (the containers cannot reach
 PyPI), then systemctl drives the unit: start, reload (SIGHUP), a crash and its restart, stop;
 the netfilter rules are read from the host's namespace. Between the two, a tagged job crosses the
-wire compressed and arrives as the codec's reconstruction. Last, `make uninstall-service`.
+wire compressed and arrives as the codec's reconstruction. Last, `make install-service` again
+over the running service, and `make uninstall-service`.
 
 Every guide command the test runs is first checked to appear verbatim in docs/deploy.md.
 Needs root and systemd-nspawn (apt-get install systemd-container).
