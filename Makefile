@@ -13,7 +13,7 @@ CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 60
 
-.PHONY: all demo test bench check-c fuzz clean install-service
+.PHONY: all demo test bench check-c fuzz clean install-service uninstall-service wheelhouse
 
 all: $(VENV)/.installed
 
@@ -66,9 +66,56 @@ build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_
 	@mkdir -p build
 	$(CC) -O3 -std=gnu11 -Icodecs_c $< $(CODEC_SRC) -lm -o $@
 
-# The soft NIC as a systemd service: unit, config (kept if present), and the command on PATH.
-install-service: $(VENV)/.installed
-	install -D -m 0644 systemd/inceptionn-nicd.service /etc/systemd/system/inceptionn-nicd.service
-	test -e /etc/inceptionn/nicd.toml || install -D -m 0644 systemd/nicd.toml.example /etc/inceptionn/nicd.toml
-	ln -sf $(CURDIR)/$(VENV)/bin/inceptionn /usr/local/bin/inceptionn
-	@echo "installed; edit /etc/inceptionn/nicd.toml, then: systemctl daemon-reload && systemctl enable --now inceptionn-nicd"
+# The soft NIC as a systemd service, installed the way daemons are: a self-contained venv under
+# /opt/inceptionn built from the system python (never this checkout's .venv, which may sit under
+# /root or /home where the unit's ProtectHome hides it), the package itself (no editable link, core
+# dependencies only), the unit in /etc/systemd/system, the config in /etc/inceptionn (kept if
+# present) and the command on PATH (/usr/local/bin/inceptionn). Every install starts from an
+# empty venv, so nothing of an older version stays; a running service is restarted onto it.
+# Offline hosts: `make wheelhouse` where PyPI is reachable, copy build/wheelhouse over, then
+# `make install-service WHEELHOUSE=build/wheelhouse`.
+SYSTEM_PYTHON ?= /usr/bin/python3
+SERVICE_PREFIX := /opt/inceptionn
+SERVICE_UNIT := /etc/systemd/system/inceptionn-nicd.service
+SERVICE_CONFIG := /etc/inceptionn/nicd.toml
+SERVICE_LINK := /usr/local/bin/inceptionn
+WHEELHOUSE ?=
+PIP_SYSTEM := --disable-pip-version-check --quiet
+# From the wheelhouse only (its inceptionn wheel), or this checkout built by pip.
+SERVICE_PACKAGE = $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE) inceptionn,.)
+# systemd running as PID 1 (not in a plain container or chroot): only then talk to it.
+SYSTEMD_RUNNING = test -d /run/systemd/system
+
+install-service:
+	$(SYSTEM_PYTHON) -m venv --clear $(SERVICE_PREFIX)
+	$(SERVICE_PREFIX)/bin/pip install $(PIP_SYSTEM) $(SERVICE_PACKAGE)
+	install -D -m 0644 systemd/inceptionn-nicd.service $(SERVICE_UNIT)
+	test -e $(SERVICE_CONFIG) || install -D -m 0644 systemd/nicd.toml.example $(SERVICE_CONFIG)
+	ln -sfn $(SERVICE_PREFIX)/bin/inceptionn $(SERVICE_LINK)
+	if $(SYSTEMD_RUNNING); then systemctl daemon-reload && systemctl try-restart inceptionn-nicd; fi
+	@echo "installed $(SERVICE_PREFIX); set interfaces in $(SERVICE_CONFIG), then: systemctl enable --now inceptionn-nicd"
+
+# Stops and disables the service, removes every netfilter rule of the soft NIC (also the
+# persistent drop of compressed packets that a stop keeps), the unit, the command's link and
+# /opt/inceptionn. /etc/inceptionn stays (the operator's config): remove it by hand if unwanted.
+uninstall-service:
+	if $(SYSTEMD_RUNNING) && test -e $(SERVICE_UNIT); then systemctl disable --now inceptionn-nicd; fi
+	if test -x $(SERVICE_PREFIX)/bin/inceptionn; then $(SERVICE_PREFIX)/bin/inceptionn nicd --uninstall; fi
+	rm -f $(SERVICE_UNIT)
+	if test "$$(readlink $(SERVICE_LINK))" = $(SERVICE_PREFIX)/bin/inceptionn; then rm $(SERVICE_LINK); fi
+	if $(SYSTEMD_RUNNING); then systemctl daemon-reload; fi
+	rm -rf $(SERVICE_PREFIX)
+	@echo "removed $(SERVICE_PREFIX) and the unit; kept $(dir $(SERVICE_CONFIG)) (your config)"
+
+# The package's wheel for the system python and the wheels of its dependencies, for
+# `make install-service WHEELHOUSE=build/wheelhouse` on a host without PyPI.
+wheelhouse: build/wheelhouse/.complete
+
+PACKAGE_PY := $(wildcard inceptionn/*.py codecs_c/*.py daemon/*.py shim/*.py kernel_tc/*.py train/*.py bench/*.py)
+
+build/wheelhouse/.complete: pyproject.toml setup.py codecs_c/build_ffi.py daemon/build_ffi.py $(wildcard shim/*.c shim/*.h) $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC) $(PACKAGE_PY)
+	rm -rf build/wheelhouse build/wheel-venv
+	$(SYSTEM_PYTHON) -m venv build/wheel-venv
+	build/wheel-venv/bin/pip wheel $(PIP_SYSTEM) --wheel-dir build/wheelhouse .
+	rm -rf build/wheel-venv
+	touch $@

@@ -14,7 +14,7 @@ APT_PACKAGES=(
   iproute2 iptables iputils-ping ethtool iperf3          # testbed, rules, link checks
   libnetfilter-queue-dev                                 # the soft NIC's queue
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
-  systemd                                                # systemd-analyze checks the unit
+  systemd systemd-container                              # the unit: systemd-analyze, nspawn test
   strace                                                 # the shim test: no extra syscalls untagged
 )
 

@@ -1,7 +1,7 @@
-"""The systemd unit: it verifies, its exposure score stays low, and its ExecStart / ExecStopPost
-command lines, run exactly as written (binary and config paths mapped to this checkout), start
-the daemon and clean up after a crash. systemd is not PID 1 here, so the unit cannot be started
-with systemctl (FIELD-NOTES)."""
+"""The systemd unit as a file: it verifies, its exposure score stays low, and its ExecStart /
+ExecStopPost command lines, run exactly as written (the installed binary and config mapped to this
+checkout), start the daemon and clean up after a crash. The unit under a real systemd, installed
+by `make install-service`: tests/test_systemd_nspawn.py."""
 import configparser
 import os
 import re
@@ -18,7 +18,7 @@ from inceptionn.kernel_tc import testbed
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "inceptionn-nicd.service"
 VENV_BIN = Path(sys.executable).parent
-INSTALLED_BIN = "/usr/local/bin/inceptionn"  # what `make install-service` links
+INSTALLED_BIN = "/opt/inceptionn/bin/inceptionn"  # the venv `make install-service` builds
 
 
 def unit_commands(key):
