@@ -186,6 +186,6 @@ def add_arguments(p) -> None:
     p.add_argument("--bounds", default="-10,-8,-6", help="bound exponents for the tier table (default -10,-8,-6)")
     p.add_argument("--workers", type=int, default=4, help="workers the scaled rows assume (default 4)")
     p.add_argument("--bucket", type=int, default=65536, help="values per scaling bucket (default 65536)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split and the captured gradients (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
