@@ -94,4 +94,15 @@ def format_stats(s: dict) -> str:
         "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
         + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),
     ]
+    lines += [format_queue(q) for q in s.get("queues", [])]
     return "\n".join(lines)
+
+
+def format_queue(q: dict) -> str:
+    """One line per queue pair (its thread's own counters), from the snapshot's "queues" list:
+    [{"egress_queue": 7100, "ingress_queue": 7101, "counters": {...}}, ...]."""
+    c = q["counters"]
+    drops = sum(v for k, v in c.items() if k.startswith("drop_"))
+    return (f"queue {q['egress_queue']}/{q['ingress_queue']}: egress {c['egress_packets']} packets "
+            f"({c['egress_compressed']} compressed), ingress {c['ingress_packets']} packets "
+            f"({c['ingress_restored']} restored), drops {drops}, overruns {c['recv_enobufs']}")
