@@ -7,6 +7,11 @@ import time
 
 from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
 
+# Not imported from config.py (dataclasses and tomllib would slow every command's start);
+# tests/test_cli.py checks the defaults the help texts name against NicdConfig.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_SOCKET = "/run/inceptionn/nicd.sock"
+
 
 def _whole_number(text: str) -> int:
     """40 or 0x28 (marks are usually written in hex)."""
@@ -57,8 +62,8 @@ def register(sub) -> None:
                    help="seconds a flow may idle before its state is dropped (default 300)")
     p.add_argument("--flow-capacity", type=_whole_number, metavar="FLOWS",
                    help="flows the flow table holds (default 65536)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="(default info)")
-    p.add_argument("--socket", metavar="PATH", help="stats socket (default /run/inceptionn/nicd.sock)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="what the daemon logs (default info)")
+    p.add_argument("--socket", metavar="PATH", help=f"stats socket (default {DEFAULT_SOCKET})")
     p.add_argument("--check", action="store_true",
                    help="validate the config file and flags, print the effective config and exit "
                    "(0: the daemon would start with it; needs no root)")
@@ -70,10 +75,10 @@ def register(sub) -> None:
     p.set_defaults(func=_nicd)
 
     s = sub.add_parser("stats", help="live counters of the running soft NIC daemon",
-                       description="Print the counters of a running nicd, totals and per queue pair, "
-                       "read from its stats socket.")
-    s.add_argument("--socket", default="/run/inceptionn/nicd.sock", metavar="PATH",
-                   help="the daemon's stats socket (default /run/inceptionn/nicd.sock)")
+                       description="Print the counters of a running nicd, read from its stats socket: "
+                       "totals, and one line per queue pair where the daemon reports them.")
+    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
+                   help=f"the daemon's stats socket (default {DEFAULT_SOCKET})")
     s.add_argument("--json", action="store_true",
                    help="print the raw counters as JSON (with --watch: one document per line)")
     s.add_argument("--watch", type=_seconds, metavar="SECONDS",

@@ -298,3 +298,16 @@ def test_error_bound_range_is_the_codecs_everywhere():
         if r.returncode != 0:
             assert_one_line_error(r, f"from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX}")
         assert (codec_ok, train_ok, r.returncode == 0) == (ok, ok, ok), k
+
+
+def test_nicd_help_names_the_config_defaults():
+    import re
+
+    from inceptionn.daemon.config import NicdConfig
+
+    nicd = next(p for p in _parsers() if p.prog == "inceptionn nicd")
+    flags = {a.option_strings[-1]: a for a in nicd._actions}
+    for key in FIELDS - {"interfaces", "accept_only"}:
+        default = getattr(NicdConfig(), key)
+        said = re.search(r"\(default ([^,)]+)", flags[f"--{key.replace('_', '-')}"].help).group(1)
+        assert said == (f"{default:#04x}" if key.startswith("tos") else str(default)), key
