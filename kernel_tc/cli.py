@@ -126,9 +126,9 @@ def cmd_link(args) -> int:
             raise UserError(f"{where} the machine's root network namespace: shaping a real NIC slows this "
                             "host's own traffic, remote sessions included; use an interface of a testbed "
                             "namespace (--netns NS), or add --force")
-        _warn(link_mod.bytes_rate_warning("--rate", args.rate))
         state = link_mod.shape(args.iface, netns=args.netns, rate=rate, delay=delay,
                                jitter=jitter, loss=loss)
+        _warn(link_mod.bytes_rate_warning("--rate", args.rate))  # once done: a refusal stays one line
     print(json.dumps(state.to_dict(), indent=2) if args.json else state.describe())
     return 0
 
@@ -197,10 +197,10 @@ def cmd_testbed_up(args) -> int:
     from . import link as link_mod
     from . import testbed as tb_mod
 
-    _warn(link_mod.bytes_rate_warning("--rate", args.rate))
     bed = tb_mod.Testbed(hosts=_int(args.hosts, "--hosts"), rate=_parsed(parse_rate, args.rate),
                          mtu=_int(args.mtu, "--mtu"), prefix=args.prefix,
                          name=args.name, progress=_progress)
+    _warn(link_mod.bytes_rate_warning("--rate", args.rate))  # after the checks: an error stays one line
     bed.up()
     if args.json:
         print(json.dumps(bed.to_dict(), indent=2))
