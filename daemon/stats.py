@@ -62,6 +62,8 @@ def read(path: str, timeout: float = 3.0) -> dict:
             if not b:
                 break
             chunks.append(b)
+    except ConnectionResetError:  # the daemon closed its socket with us still queued: it is stopping
+        raise UserError(f"nicd at {path} went away before it answered (stopping?)") from None
     except FileNotFoundError:
         raise UserError(f"no nicd is running (no socket at {path})") from None
     except ConnectionRefusedError:
@@ -70,7 +72,10 @@ def read(path: str, timeout: float = 3.0) -> dict:
         raise UserError(f"not allowed to read {path} (run as root)") from None
     finally:
         s.close()
-    return json.loads(b"".join(chunks))
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:  # nothing or half a document: it stopped while answering
+        raise UserError(f"nicd at {path} went away before it answered (stopping?)") from None
 
 
 def format_stats(s: dict) -> str:

@@ -223,7 +223,10 @@ def test_stats_watch_until_ctrl_c(tb_name, tmp_path):
                 assert _read_line(text.stdout, 10).startswith("every 0.2 s: inceptionn stats, ")
                 assert _read_line(text.stdout, 10).startswith(f"nicd pid {daemon.pid}")
             # the daemon gone (a restart, say), the watch says so and keeps watching
-            assert "no nicd is running" in _read_line(text.stderr, 10)
+            said = _read_line(text.stderr, 10)
+            if "no nicd is running" not in said and "went away" not in said:
+                text.kill()
+                raise AssertionError(said + text.stderr.read())
             assert text.poll() is None
             ctrl_c(text)
         finally:
