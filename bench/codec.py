@@ -19,6 +19,7 @@ from ..codecs import get_codec
 from ..codecs._native import ffi
 from ..codecs.inceptionn import have_avx2, max_encoded_size
 from ..errors import UserError
+from ..limits import error_bound_problem
 from .timing import interleaved
 
 PAPER_TARGET_GBPS = 3.2  # one 256-bit burst per 100 MHz cycle (INCEPTIONN Sec. VI)
@@ -158,8 +159,8 @@ def run(args) -> int:
     except ValueError:
         raise UserError(f"--bounds takes comma-separated negative integers such as -10,-8,-6, got {args.bounds!r}") from None
     for k in bounds + [args.error_bound]:
-        if not -30 <= k <= -1:
-            raise UserError(f"error bounds are exponents from -30 to -1, got {k}")
+        if problem := error_bound_problem(k):
+            raise UserError(f"error bounds {problem}")
     x, grads, name = load_gradients(args.data, args.captures, args.seed)
     report = {
         "gradients": {"dataset": name, "captures": len(grads), "params": int(grads[0].size), "values": int(x.size)},
