@@ -314,3 +314,11 @@ def test_nicd_help_names_the_config_defaults():
         default = getattr(NicdConfig(), key)
         said = re.search(r"\(default ([^,)]+)", flags[f"--{key.replace('_', '-')}"].help).group(1)
         assert said == (f"{default:#04x}" if key.startswith("tos") else str(default)), key
+
+
+def test_mpirun_takes_j_for_json_too():
+    # mpirun's options are parsed by the wrapper itself (all others go to OpenMPI's mpirun)
+    args = ["--tag", "port=23000-23099", "--dry-run", "-np", "2", "--", "true"]
+    long, short = run_cli("mpirun", *args[:3], "--json", *args[3:]), run_cli("mpirun", *args[:3], "-j", *args[3:])
+    assert long.returncode == short.returncode == 0, (long.stderr, short.stderr)
+    assert json.loads(short.stdout) == json.loads(long.stdout)
