@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -256,6 +257,21 @@ def test_link_refuses_the_root_namespace_without_force(extra):
     assert_one_line_error(r, "root network namespace", "--force", "--netns")
     assert "warning" not in r.stderr  # refused before anything else is said or done
     assert _qdiscs("lo") == before
+
+
+@needs_root
+def test_link_refuses_a_named_namespace_that_is_the_root_one():
+    # a name for this very namespace; not inc-*, whose processes testbed cleanups stop
+    name = f"cliroot{os.getpid()}"
+    subprocess.run(["ip", "netns", "attach", name, str(os.getpid())], check=True)
+    try:
+        before = _qdiscs("lo")
+        assert_one_line_error(run_cli("link", "lo", "--netns", name, "--rate", "1mbit"),
+                              f"namespace '{name}' is the machine's root network namespace", "--force")
+        assert _qdiscs("lo") == before
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=True)
+    assert not os.path.exists(f"/run/netns/{name}")
 
 
 @needs_root
