@@ -246,6 +246,6 @@ def add_arguments(p) -> None:
     p.add_argument("--mtu", type=int, default=9000, help="link MTU (default 9000)")
     p.add_argument("--error-bound", type=int, default=-10, help="soft NIC error bound exponent (default -10)")
     p.add_argument("--data", metavar="PATH", help="MNIST to capture gradients on (default: digits)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split and the captured gradients (default 0)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)

@@ -18,6 +18,10 @@ BENCHMARKS = [
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks: " + ", ".join(n for n, _ in BENCHMARKS),
                        description=__doc__.split("\n\n")[0])
+    p.defer(_add_benchmarks)  # the benchmark modules import numpy: only once bench is chosen
+
+
+def _add_benchmarks(p) -> None:
     benches = p.add_subparsers(dest="bench", metavar="BENCH")
     benches.required = True
     for name, module_name in BENCHMARKS:

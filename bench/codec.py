@@ -19,6 +19,7 @@ from ..codecs import get_codec
 from ..codecs._native import ffi
 from ..codecs.inceptionn import have_avx2, max_encoded_size
 from ..errors import UserError
+from ..limits import error_bound_problem
 from .timing import interleaved
 
 PAPER_TARGET_GBPS = 3.2  # one 256-bit burst per 100 MHz cycle (INCEPTIONN Sec. VI)
@@ -158,8 +159,8 @@ def run(args) -> int:
     except ValueError:
         raise UserError(f"--bounds takes comma-separated negative integers such as -10,-8,-6, got {args.bounds!r}") from None
     for k in bounds + [args.error_bound]:
-        if not -30 <= k <= -1:
-            raise UserError(f"error bounds are exponents from -30 to -1, got {k}")
+        if problem := error_bound_problem(k):
+            raise UserError(f"error bounds {problem}")
     x, grads, name = load_gradients(args.data, args.captures, args.seed)
     report = {
         "gradients": {"dataset": name, "captures": len(grads), "params": int(grads[0].size), "values": int(x.size)},
@@ -186,6 +187,6 @@ def add_arguments(p) -> None:
     p.add_argument("--bounds", default="-10,-8,-6", help="bound exponents for the tier table (default -10,-8,-6)")
     p.add_argument("--workers", type=int, default=4, help="workers the scaled rows assume (default 4)")
     p.add_argument("--bucket", type=int, default=65536, help="values per scaling bucket (default 65536)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split and the captured gradients (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)

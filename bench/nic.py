@@ -180,6 +180,6 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds per link (default 3)")
     p.add_argument("--captures", type=int, default=8, help="gradients captured (default 8, 25 MB)")
     p.add_argument("--data", metavar="PATH", help="MNIST to train on (default: digits)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split and the captured gradients (default 0)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)

@@ -1,9 +1,38 @@
-"""``inceptionn nicd`` and ``inceptionn stats``."""
+"""``inceptionn nicd`` and ``inceptionn stats``. Light on purpose: the daemon's modules are
+imported only when it runs (see inceptionn/cli.py)."""
+import argparse
 import json
+import sys
+import time
+
+from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
+
+# Not imported from config.py (dataclasses and tomllib would slow every command's start);
+# tests/test_cli.py checks the defaults the help texts name against NicdConfig.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_SOCKET = "/run/inceptionn/nicd.sock"
 
 
-def _int_auto(text: str) -> int:
-    return int(text, 0)  # accepts 0x28 as well as 40
+def _whole_number(text: str) -> int:
+    """40 or 0x28 (marks are usually written in hex)."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        pass
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 40 or 0x28, got {text!r}") from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0.1 to 86400, got {text!r}")
+    return value
 
 
 def register(sub) -> None:
@@ -16,13 +45,30 @@ def register(sub) -> None:
                        "until --uninstall. SIGHUP reloads error_bound and log_level.")
     p.add_argument("--config", metavar="PATH", help="TOML config file (default /etc/inceptionn/nicd.toml if present)")
     p.add_argument("-i", "--interface", action="append", metavar="IFACE", help="interface to manage (repeatable)")
-    p.add_argument("--tos", type=_int_auto, help="the gradient mark as a ToS byte (default 0x28, DSCP 10)")
-    p.add_argument("--codec", help="codec (default inceptionn)")
-    p.add_argument("--error-bound", type=int, help="error bound exponent k, bound 2^k (default -10)")
-    p.add_argument("--queues", type=int, help="queue pairs / threads (default 1)")
-    p.add_argument("--queue-base", type=int, help="first NFQUEUE number (default 7100)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--socket", help="stats socket (default /run/inceptionn/nicd.sock)")
+    p.add_argument("--tos", type=_whole_number, metavar="BYTE",
+                   help="the gradient mark the shim sets, as a ToS byte (default 0x28, DSCP 10)")
+    p.add_argument("--tos-compressed", type=_whole_number, metavar="BYTE",
+                   help="the mark of compressed packets on the wire (default 0x2c, DSCP 11)")
+    p.add_argument("--tos-hello", type=_whole_number, metavar="BYTE",
+                   help="the mark on SYN / SYN-ACK that says 'soft NIC here' (default 0x30, DSCP 12)")
+    p.add_argument("--codec", help="codec (default inceptionn, the only one that works per packet)")
+    p.add_argument("--error-bound", type=_whole_number, metavar="K",
+                   help=f"error bound 2^K, K from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX} (default -10)")
+    p.add_argument("--queues", type=_whole_number, metavar="N", help="queue pairs, one thread each (default 1)")
+    p.add_argument("--queue-base", type=_whole_number, metavar="Q",
+                   help="first NFQUEUE number: egress Q..Q+N-1, ingress the next N (default 7100)")
+    p.add_argument("--queue-maxlen", type=_whole_number, metavar="PACKETS",
+                   help="packets each kernel queue holds before it drops (default 4096)")
+    p.add_argument("--flow-timeout", type=_whole_number, metavar="SECONDS",
+                   help="seconds a flow may idle before its state is dropped (default 300)")
+    p.add_argument("--flow-capacity", type=_whole_number, metavar="FLOWS",
+                   help="flows the flow table holds (default 65536)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="what the daemon logs (default info)")
+    p.add_argument("--socket", metavar="PATH", help=f"stats socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config file and flags, print the effective config and exit "
+                   "(0: the daemon would start with it; needs no root)")
+    p.add_argument("--json", action="store_true", help="with --check: print the config as JSON")
     p.add_argument("--accept-only", action="store_true",
                    help="diagnostic: queue tagged packets both ways and accept them unchanged "
                    "(measures the queue's own cost; compresses nothing)")
@@ -33,17 +79,78 @@ def register(sub) -> None:
     once.add_argument("--uninstall", action="store_true",
                       help="remove every nicd rule, the drop of compressed packets included, and a stale "
                       "socket, then exit (refused while nicd runs)")
-    p.set_defaults(func=lambda a: __import__("inceptionn.daemon.nicd", fromlist=["run"]).run(a))
+    p.set_defaults(func=_nicd)
 
-    s = sub.add_parser("stats", help="live counters of the running soft NIC daemon")
-    s.add_argument("--socket", default="/run/inceptionn/nicd.sock", help="the daemon's stats socket")
-    s.add_argument("--json", action="store_true", help="print the raw counters as JSON")
+    s = sub.add_parser("stats", help="live counters of the running soft NIC daemon",
+                       description="Print the counters of a running nicd, read from its stats socket: "
+                       "totals, and one line per queue pair where the daemon reports them.")
+    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
+                   help=f"the daemon's stats socket (default {DEFAULT_SOCKET})")
+    s.add_argument("--json", action="store_true",
+                   help="print the raw counters as JSON (with --watch: one document per line)")
+    s.add_argument("--watch", type=_seconds, metavar="SECONDS",
+                   help="print again every SECONDS until Ctrl-C (default: once)")
     s.set_defaults(func=_stats)
 
 
+def _nicd(args) -> int:
+    from ..errors import UserError
+
+    if args.check:
+        if args.cleanup or args.uninstall:
+            raise UserError(f"--check and --{'cleanup' if args.cleanup else 'uninstall'} cannot be combined")
+        return _check(args)
+    if args.json:
+        raise UserError("--json goes with --check (the running daemon's counters: inceptionn stats --json)")
+    from .nicd import run
+
+    return run(args)
+
+
+def _check(args) -> int:
+    """Suricata's -T for nicd: what the daemon would run with, or the one line why not."""
+    import dataclasses
+    from pathlib import Path
+
+    from . import config
+
+    path = config.file_in_use(Path(args.config) if args.config else None)
+    overrides = config.overrides_from(args)
+    cfg = config.load(path, overrides)
+    config.check_interfaces(cfg)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+    else:
+        flags = " + flags" if any(v is not None for v in overrides.values()) else ""
+        print(f"# effective nicd config: {path or 'defaults'}{flags}\n{config.to_toml(cfg)}")
+    return 0
+
+
 def _stats(args) -> int:
+    from ..errors import UserError
     from .stats import format_stats, read
 
-    data = read(args.socket)
-    print(json.dumps(data, indent=2) if args.json else format_stats(data))
-    return 0
+    def show(data) -> str:
+        return json.dumps(data, indent=None if args.watch else 2) if args.json else format_stats(data)
+
+    data = read(args.socket)  # a wrong path or no daemon at all: one error line, exit 2
+    if args.watch is None:
+        print(show(data))
+        return 0
+    redraw = sys.stdout.isatty() and not args.json
+    try:
+        while True:
+            if data is not None:
+                if redraw:  # like watch(1): clear, a header, the counters
+                    sys.stdout.write("\033[H\033[2J")
+                if not args.json:
+                    print(f"every {args.watch:g} s: inceptionn stats, {time.strftime('%H:%M:%S')}")
+                print(show(data), flush=True)
+            time.sleep(args.watch)
+            try:
+                data = read(args.socket)
+            except UserError as exc:  # e.g. the daemon restarting: say so and keep watching
+                print(f"inceptionn stats: {exc}", file=sys.stderr, flush=True)
+                data = None
+    except KeyboardInterrupt:  # the way to leave --watch: not an error
+        return 0

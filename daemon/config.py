@@ -5,12 +5,15 @@ A bad file is refused at start with the line that is wrong.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..limits import error_bound_problem
 
 DEFAULT_PATH = Path("/etc/inceptionn/nicd.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -69,8 +72,8 @@ class NicdConfig:
             marks[v] = key
         if self.codec not in CODECS:
             bad("codec", f"{self.codec!r} cannot run per packet in the NIC; choose one of {', '.join(CODECS)}")
-        if not _is_int(self.error_bound) or not -30 <= self.error_bound <= -1:
-            bad("error_bound", f"must be an integer exponent from -30 to -1 (bound 2^k), got {self.error_bound!r}")
+        if problem := error_bound_problem(self.error_bound):
+            bad("error_bound", problem)
         if not _is_int(self.queues) or not 1 <= self.queues <= 64:
             bad("queues", f"must be 1 to 64, got {self.queues!r}")
         if not _is_int(self.queue_base) or not 0 <= self.queue_base <= 65535 - 2 * 64:
@@ -96,12 +99,46 @@ def _is_int(v) -> bool:
 FIELDS = {f.name for f in dataclasses.fields(NicdConfig)}
 
 
+def file_in_use(path: Path | None) -> Path | None:
+    """The config file nicd reads: ``path``, or the default file if it exists."""
+    if path is None and DEFAULT_PATH.exists():
+        return DEFAULT_PATH
+    return path
+
+
+def overrides_from(args) -> dict:
+    """The settings given as ``inceptionn nicd`` flags, None where a flag was not given. Every
+    key has a flag, --key-with-dashes (interfaces: -i/--interface, repeatable), so that settings
+    come from the file or flags alike."""
+    values = {key: getattr(args, "interface" if key == "interfaces" else key) for key in sorted(FIELDS)}
+    values["accept_only"] = args.accept_only or None  # a switch: absent is "not given"
+    return values
+
+
+def check_interfaces(cfg: NicdConfig) -> None:
+    """Every configured interface exists here (needs no privileges)."""
+    for name in cfg.interfaces:
+        try:
+            socket.if_nametoindex(name)
+        except OSError:
+            raise UserError(f"interface {name!r} does not exist") from None
+
+
+def to_toml(cfg: NicdConfig) -> str:
+    """The config as a file nicd reads back to the same config; marks in hex, as written."""
+    lines = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        # JSON writes booleans, integers, strings and lists of strings the way TOML reads them
+        lines.append(f"{f.name} = {f'{v:#04x}' if f.name.startswith('tos') else json.dumps(v)}")
+    return "\n".join(lines)
+
+
 def load(path: Path | None, overrides: dict) -> NicdConfig:
     """Read ``path`` (if given, or the default file if it exists), apply ``overrides`` (flags
     that were set), validate. Errors name the file and line, or the flag."""
     values, lines, src = {}, {}, None
-    if path is None and DEFAULT_PATH.exists():
-        path = DEFAULT_PATH
+    path = file_in_use(path)
     if path is not None:
         src = str(path)
         try:

@@ -48,10 +48,7 @@ def setup_logging(level: str) -> None:
     logging.getLogger("inceptionn").setLevel(level.upper())
 
 
-def overrides_from(args) -> dict:
-    return {"interfaces": args.interface or None, "tos": args.tos, "error_bound": args.error_bound,
-            "queues": args.queues, "queue_base": args.queue_base, "log_level": args.log_level,
-            "socket": args.socket, "codec": args.codec, "accept_only": args.accept_only or None}
+overrides_from = config.overrides_from  # every config key has a flag
 
 
 def _configured_socket(args) -> str:
@@ -121,11 +118,7 @@ def run(args) -> int:
     setup_logging(cfg.log_level)
     if os.geteuid() != 0:
         raise UserError("nicd needs root or CAP_NET_ADMIN to bind netfilter queues and install rules")
-    for name in cfg.interfaces:
-        try:
-            socket.if_nametoindex(name)
-        except OSError:
-            raise UserError(f"interface {name!r} does not exist") from None
+    config.check_interfaces(cfg)
 
     stop = threading.Event()
     reload_requested = threading.Event()

@@ -90,6 +90,8 @@ def read(path: str, timeout: float = 3.0) -> dict:
             if not b:
                 break
             chunks.append(b)
+    except ConnectionResetError:  # the daemon closed its socket with us still queued: it is stopping
+        raise UserError(f"nicd at {path} went away before it answered (stopping?)") from None
     except FileNotFoundError:
         raise UserError(f"no nicd is running (no socket at {path})") from None
     except ConnectionRefusedError:
@@ -100,7 +102,10 @@ def read(path: str, timeout: float = 3.0) -> dict:
         raise UserError(f"nicd at {path} did not answer within {timeout:.0f} s") from None
     finally:
         s.close()
-    return json.loads(b"".join(chunks))
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:  # nothing or half a document: it stopped while answering
+        raise UserError(f"nicd at {path} went away before it answered (stopping?)") from None
 
 
 def format_stats(s: dict) -> str:
@@ -124,4 +129,15 @@ def format_stats(s: dict) -> str:
         "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
         + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),
     ]
+    lines += [format_queue(q) for q in s.get("queues", [])]
     return "\n".join(lines)
+
+
+def format_queue(q: dict) -> str:
+    """One line per queue pair (its thread's own counters), from the snapshot's "queues" list:
+    [{"egress_queue": 7100, "ingress_queue": 7101, "counters": {...}}, ...]."""
+    c = q["counters"]
+    drops = sum(v for k, v in c.items() if k.startswith("drop_"))
+    return (f"queue {q['egress_queue']}/{q['ingress_queue']}: egress {c['egress_packets']} packets "
+            f"({c['egress_compressed']} compressed), ingress {c['ingress_packets']} packets "
+            f"({c['ingress_restored']} restored), drops {drops}, overruns {c['recv_enobufs']}")

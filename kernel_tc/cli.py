@@ -8,20 +8,20 @@ import json
 import os
 import sys
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from inceptionn.errors import UserError
 
-from . import link as link_mod
-from . import netns as ns
-from . import testbed as tb_mod
 from .units import parse_percent, parse_rate, parse_time
+
+# link, netns and testbed import pyroute2 (~0.2 s): imported in the commands, not here, so that
+# `inceptionn --help` stays fast.
 
 
 def _privileged(func):
     """Turn 'not allowed' from the kernel into one clear line instead of a traceback."""
     @functools.wraps(func)
     def run(args):
+        from pyroute2.netlink.exceptions import NetlinkError
+
         try:
             return func(args)
         except PermissionError as exc:
@@ -44,20 +44,6 @@ def register(subparsers) -> None:
     _register_testbed(subparsers)
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make argparse report mistakes like UserError does: one line, exit code 2, no usage dump."""
-    def error(message: str):
-        if message.endswith("expected one argument"):
-            # argparse takes "-5mbit" for an option; the = form passes it as a value
-            message += " (for a value starting with '-', write --option=VALUE)"
-        else:
-            message += f" (see {parser.prog} --help)"
-        print(f"inceptionn: error: {message}", file=sys.stderr)
-        sys.exit(2)
-    parser.error = error
-    return parser
-
-
 # --- link ----------------------------------------------------------------------------------------
 
 def _register_link(subparsers) -> None:
@@ -69,7 +55,8 @@ def _register_link(subparsers) -> None:
             "--loss with netem or, on kernels without netem, an iptables -m statistic DROP rule. "
             "One call sets the whole configuration and replaces the previous one. Units as tc "
             "writes them: rates in bit, kbit, mbit, gbit (bare number = bit/s; kbps, mbps... are "
-            "BYTES per second), times in s, ms, us (bare number = us), loss in percent."
+            "BYTES per second), times in s, ms, us (bare number = us), loss in percent. An interface "
+            "of the machine's root network namespace (a real NIC) is only shaped with --force."
         ),
         epilog=(
             "examples:\n"
@@ -79,17 +66,19 @@ def _register_link(subparsers) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _one_line_errors(p)
     p.add_argument("iface", metavar="IFACE", help="interface whose outgoing traffic is shaped")
     p.add_argument("--netns", metavar="NS", help="named network namespace holding IFACE (default: this one)")
-    p.add_argument("--rate", help="rate limit, e.g. 100mbit")
-    p.add_argument("--delay", help="added one-way delay, e.g. 2ms (needs netem)")
-    p.add_argument("--jitter", help="delay variation, e.g. 1ms (needs netem and --delay)")
-    p.add_argument("--loss", help="random loss, e.g. 0.5%%")
+    p.add_argument("--rate", help="rate limit, e.g. 100mbit (default: none)")
+    p.add_argument("--delay", help="added one-way delay, e.g. 2ms (needs netem; default: none)")
+    p.add_argument("--jitter", help="delay variation, e.g. 1ms (needs netem and --delay; default: none)")
+    p.add_argument("--loss", help="random loss, e.g. 0.5%% (default: none)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--show", action="store_true", help="print the shaping as read back from the kernel")
     mode.add_argument("--clear", action="store_true", help="remove the shaping inceptionn installed on IFACE")
     p.add_argument("--json", action="store_true", help="with --show (or when setting): print JSON")
+    p.add_argument("--force", action="store_true",
+                   help="shape IFACE even if it is in the root network namespace (a real NIC: this "
+                   "machine's own traffic, remote sessions included, goes through the shaping)")
     p.set_defaults(func=cmd_link)
 
 
@@ -106,8 +95,15 @@ def _int(text: str, what: str) -> int:
         raise UserError(f"bad {what} {text!r}: expected a whole number") from None
 
 
+def _warn(msg: str | None) -> None:
+    if msg:
+        print(f"inceptionn: warning: {msg}", file=sys.stderr, flush=True)
+
+
 @_privileged
 def cmd_link(args) -> int:
+    from . import link as link_mod
+
     rate = _parsed(parse_rate, args.rate)
     delay = _parsed(parse_time, args.delay)
     jitter = _parsed(parse_time, args.jitter)
@@ -125,8 +121,14 @@ def cmd_link(args) -> int:
     else:
         if all(v is None for v in settings):
             raise UserError("nothing to do: give --rate, --delay, --jitter or --loss, or --show / --clear")
+        if not args.force and link_mod.is_root_netns(args.netns):
+            where = f"namespace {args.netns!r} is" if args.netns else f"{args.iface} is in"
+            raise UserError(f"{where} the machine's root network namespace: shaping a real NIC slows this "
+                            "host's own traffic, remote sessions included; use an interface of a testbed "
+                            "namespace (--netns NS), or add --force")
         state = link_mod.shape(args.iface, netns=args.netns, rate=rate, delay=delay,
                                jitter=jitter, loss=loss)
+        _warn(link_mod.bytes_rate_warning("--rate", args.rate))  # once done: a refusal stays one line
     print(json.dumps(state.to_dict(), indent=2) if args.json else state.describe())
     return 0
 
@@ -143,13 +145,17 @@ def _register_testbed(subparsers) -> None:
             "198.18.0.0/15 (host i gets the i-th address of --prefix)."
         ),
     )
-    _one_line_errors(p)
+    p.defer(_add_testbed_actions)  # their defaults come from testbed.py, which imports pyroute2
+
+
+def _add_testbed_actions(p) -> None:
+    from . import testbed as tb_mod
+
     sub = p.add_subparsers(dest="testbed_command", metavar="ACTION")
     sub.required = True
 
     up = sub.add_parser("up", help="create a testbed",
                         description="Create a testbed. Fails if one of that name exists.")
-    _one_line_errors(up)
     up.add_argument("--hosts", required=True, metavar="N", help="number of hosts")
     up.add_argument("--rate", help="rate of every link, both directions (default: unshaped)")
     up.add_argument("--mtu", default="1500", help="MTU of every link (default 1500)")
@@ -164,14 +170,14 @@ def _register_testbed(subparsers) -> None:
                           description="Remove every namespace named inc-NAME-*, with their links, "
                                       "qdiscs and iptables rules, after stopping the processes "
                                       "running in them. Succeeds when there is nothing to remove.")
-    _one_line_errors(down)
     down.add_argument("--name", default=tb_mod.DEFAULT_NAME, help=f"testbed name (default {tb_mod.DEFAULT_NAME})")
     down.add_argument("--all", action="store_true", help="remove every inceptionn testbed (inc-*-* namespaces)")
     down.set_defaults(func=cmd_testbed_down)
 
-    status = sub.add_parser("status", help="show running testbeds, read from the kernel")
-    _one_line_errors(status)
-    status.add_argument("--name", help="only this testbed")
+    status = sub.add_parser("status", help="show running testbeds, read from the kernel",
+                            description="Show the testbeds that are up (hosts, namespaces, addresses, MTU, "
+                                        "link rate), read back from the kernel.")
+    status.add_argument("--name", help="only this testbed (default: all of them)")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=cmd_testbed_status)
 
@@ -179,7 +185,6 @@ def _register_testbed(subparsers) -> None:
                         description="Run CMD inside host HOST (h1, h2, ... or sw for the switch). "
                                     "The exit code is the command's.",
                         usage="inceptionn testbed exec [-h] [--name NAME] [--uts] HOST -- CMD...")
-    _one_line_errors(ex)
     ex.add_argument("--name", default=tb_mod.DEFAULT_NAME, help=f"testbed name (default {tb_mod.DEFAULT_NAME})")
     ex.add_argument("--uts", action="store_true", help="give the command its own UTS namespace, hostname HOST")
     ex.add_argument("host", metavar="HOST")
@@ -189,9 +194,13 @@ def _register_testbed(subparsers) -> None:
 
 @_privileged
 def cmd_testbed_up(args) -> int:
+    from . import link as link_mod
+    from . import testbed as tb_mod
+
     bed = tb_mod.Testbed(hosts=_int(args.hosts, "--hosts"), rate=_parsed(parse_rate, args.rate),
                          mtu=_int(args.mtu, "--mtu"), prefix=args.prefix,
                          name=args.name, progress=_progress)
+    _warn(link_mod.bytes_rate_warning("--rate", args.rate))  # after the checks: an error stays one line
     bed.up()
     if args.json:
         print(json.dumps(bed.to_dict(), indent=2))
@@ -202,6 +211,8 @@ def cmd_testbed_up(args) -> int:
 
 @_privileged
 def cmd_testbed_down(args) -> int:
+    from . import testbed as tb_mod
+
     names = tb_mod.list_testbeds() if args.all else [tb_mod.check_name(args.name)]
     removed = []
     for name in names:
@@ -215,6 +226,9 @@ def cmd_testbed_down(args) -> int:
 
 @_privileged
 def cmd_testbed_status(args) -> int:
+    from . import netns as ns
+    from . import testbed as tb_mod
+
     names = [tb_mod.check_name(args.name)] if args.name else tb_mod.list_testbeds()
     beds = [tb_mod.Testbed.attach(n) for n in names if ns.list_netns(f"{tb_mod.NS_PREFIX}{n}-")]
     if args.json:
@@ -234,6 +248,9 @@ def cmd_testbed_exec(args) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UserError("no command given: inceptionn testbed exec HOST -- CMD...")
+    from . import netns as ns
+    from . import testbed as tb_mod
+
     if args.host == "sw":
         netns_name = tb_mod.switch_netns(tb_mod.check_name(args.name))
         if not ns.exists(netns_name):

@@ -20,6 +20,7 @@ import errno
 import functools
 import math
 import os
+import re
 from dataclasses import asdict, dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -145,6 +146,44 @@ def netem_available() -> bool:
 
 NETEM_MISSING = ("this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so {what} cannot be emulated; "
                  "--rate and --loss still work")
+
+
+# --- guards for the command line ----------------------------------------------------------------
+
+# PROC_NET_INIT_INO (include/linux/proc_ns.h): the root network namespace's fixed inode on
+# recent kernels; older ones number it like any other namespace.
+INIT_NET_INO = 0xEFFFFFF9
+
+
+def is_root_netns(netns: str | None) -> bool:
+    """Whether ``netns`` (a name under /run/netns; None: this process's namespace) is the
+    machine's root network namespace, the one holding its real NICs: PID 1's namespace, or where
+    PID 1 is not visible (a sandbox, no privileges) the one with the kernel's fixed inode."""
+    try:
+        mine = os.stat(f"/run/netns/{netns}" if netns else "/proc/self/ns/net")
+    except FileNotFoundError:  # no such namespace: shape() says so in its own words
+        return False
+    try:
+        init = os.stat("/proc/1/ns/net")
+    except PermissionError:
+        return mine.st_ino == INIT_NET_INO
+    return (mine.st_dev, mine.st_ino) == (init.st_dev, init.st_ino)
+
+
+_BYTE_PREFIXES = {"": "", "k": "kilo", "m": "mega", "g": "giga", "t": "tera",
+                  "ki": "kibi", "mi": "mebi", "gi": "gibi", "ti": "tebi"}
+
+
+def bytes_rate_warning(flag: str, text: str | None) -> str | None:
+    """A warning when a rate is written in tc's bytes-per-second units (100mbps is 100 megaBYTES
+    per second, 800mbit), the usual slip for megabits; None for bit units and no rate."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kmgt]?i?)bps\s*", text or "", re.IGNORECASE)
+    if not m:
+        return None
+    number, prefix = m.group(1), m.group(2).lower()
+    return (f"{flag} {text.strip()} means {_BYTE_PREFIXES.get(prefix, prefix)}bytes per second "
+            f"({format_rate(parse_rate(text))}), tc's convention; for {_BYTE_PREFIXES.get(prefix, prefix)}bits per second write "
+            f"{number}{prefix}bit")
 
 
 # --- kernel access helpers -------------------------------------------------------------------

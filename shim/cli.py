@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from inceptionn.errors import UserError
 
@@ -25,19 +24,11 @@ example:
 """
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    def error(message: str):
-        print(f"inceptionn: error: {message} (see {parser.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-    parser.error = error
-    return parser
-
-
 def register(sub) -> None:
-    p = _one_line_errors(sub.add_parser(
+    p = sub.add_parser(
         "run", help="run a program with its gradient sockets tagged (LD_PRELOAD)",
         description=RUN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="inceptionn run [--tag POLICY] [--log DEST] [--print-env] -- PROG ARGS..."))
+        usage="inceptionn run [--tag POLICY] [--log DEST] [--print-env] -- PROG ARGS...")
     p.add_argument("--tag", metavar="POLICY", help="what to tag (default: $INCEPTIONN_TAG; one of the two is required)")
     p.add_argument("--log", metavar="DEST",
                    help="log of the library: 1 (tagged sockets, on stderr), 2 (also untagged ones and why), "
@@ -53,7 +44,7 @@ def register(sub) -> None:
         # included, reach the wrapper's own parser (shim/mpirun.py) in order
         "mpirun", add_help=False, prefix_chars="+", help="OpenMPI's mpirun with gradient sockets tagged in every rank",
         usage="inceptionn mpirun [--tag POLICY] [--testbed NAME] [options] [mpirun args] -- PROG ARGS...",
-        description="Run `inceptionn mpirun --help` for the options.")
+        description="Run inceptionn mpirun --help for the options.")
     m.add_argument("rest", nargs=argparse.REMAINDER)
     m.set_defaults(func=_mpirun)
 

@@ -48,6 +48,7 @@ NICD_COMMENT = "inceptionn-nicd"     # daemon/rules.py marks every rule it insta
 # wrapper option -> takes a value
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False}
+SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
 
@@ -70,7 +71,7 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
                       not overlap the tag policy
   --mpirun PATH       the real mpirun (default: mpirun on PATH)
   --dry-run           print the soft NIC report and the command, launch nothing
-  --json              with --dry-run: print them as JSON
+  --json, -j          with --dry-run: print them as JSON
   -h, --help          this help
 
 Before launching, prints one line per host on stderr: whether the soft NIC runs there.
@@ -110,7 +111,7 @@ def parse_args(rest: list[str]) -> Options:
     i = 0
     while i < len(before):
         arg = before[i]
-        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (SHORT.get(arg, arg), "", "")
         if arg in ("-h", "--help"):
             opts.help = True
         elif name in OPTIONS:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
+
 DESCRIPTION = """Train the paper's HDC model (5 fully connected layers, width 500; SGD lr 0.1,
 momentum 0.9, weight decay 5e-5, batch 25 per worker) data-parallel on a testbed of --hosts
 network-namespace hosts joined by shaped links, one worker per host. --algo inc is the INCEPTIONN
@@ -36,7 +38,8 @@ def add_training_arguments(p, *, epochs_default: int | None, hosts_default: int 
                    help="MNIST as an IDX directory or images file (gzip or not) or an .npz with x and y "
                    "(default: scikit-learn's digits, shipped with the package); a single set is split 80/20, seeded")
     p.add_argument("--error-bound", type=int, default=-10, metavar="K",
-                   help="INCEPTIONN codec error bound 2^K for compressed runs (default -10)")
+                   help=f"INCEPTIONN codec error bound 2^K for compressed runs, K from {ERROR_BOUND_MIN} to "
+                   f"{ERROR_BOUND_MAX} (default -10)")
     if switches:
         add_switches(p)
     p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1, the paper's)")
@@ -61,6 +64,10 @@ def rate_arg(rate: str):
 def register(sub) -> None:
     p = sub.add_parser("train", help="train the HDC model data-parallel on a testbed (WA or INC, compressed or not)",
                        description=DESCRIPTION)
+    p.defer(_add_arguments)  # the codec list in --compress's help imports numpy
+
+
+def _add_arguments(p) -> None:
     add_training_arguments(p, epochs_default=1)
     p.add_argument("--algo", choices=["wa", "inc"], default="inc", help="inc: the INCEPTIONN ring (default); wa: worker-aggregator")
     p.add_argument("--compress", default="none", metavar="HOW",

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import UserError
+from ..limits import error_bound_problem
 
 ALGOS = ("wa", "inc")
 
@@ -96,8 +97,8 @@ class TrainConfig:
             if self.compress not in available_codecs():
                 raise UserError(f"unknown compression {self.compress!r}; choose none, nic or a codec: "
                                 f"{', '.join(available_codecs())}")
-        if not -126 <= self.error_bound <= -1:
-            raise UserError(f"--error-bound must be a negative exponent (-1 to -126), got {self.error_bound}")
+        if problem := error_bound_problem(self.error_bound):
+            raise UserError(f"--error-bound {problem}")
         if self.epochs < 1:
             raise UserError(f"--epochs must be at least 1, got {self.epochs}")
         if self.max_iters is not None and self.max_iters < 1:
