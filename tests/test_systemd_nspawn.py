@@ -271,3 +271,16 @@ def test_reinstall_then_uninstall(sites, wheelhouse):
     for gone in ("/opt/inceptionn", "/etc/systemd/system/inceptionn-nicd.service", "/usr/local/bin/inceptionn"):
         assert c.run(["test", "-e", gone]).returncode != 0, gone
     assert c.run(["test", "-f", CONFIG]).returncode == 0
+
+
+def test_readme_two_hosts_is_the_guide():
+    """The README's "Two hosts" commands are the guide's, so the steps this module runs in the
+    containers are the ones a newcomer copies from the README (install offline here: the
+    containers have no network, so the guide's WHEELHOUSE form of `make install-service`)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Two hosts\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("  #", 1)[0].rstrip() for line in block.splitlines() if line.strip()]
+    assert len(commands) >= 5
+    for command in commands:
+        assert command in GUIDE, f"README's Two hosts step is not in docs/deploy.md: {command}"
