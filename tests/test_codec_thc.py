@@ -342,6 +342,32 @@ def test_malformed_blobs_raise_valueerror(impl, valid):
         c.sum_encoded([bytes(over)])
 
 
+# CI's fuzz finding (issue 11): M = 1.55e38 with d = 4; the inverse transform summed it to inf.
+FOUND_RANGE_OVERFLOW = bytes.fromhex("54010002030202000100000" "03ee4e97eafcd1d7b30a820e2000102035f")
+
+
+def all_top_blob(range_: np.float32) -> bytes:
+    """d = 4, b = 2, g = 3, every index 3: the largest partial sum (4 M) any payload gives."""
+    return ref.header(ref.KIND_INDEX, 2, 3, 2, 2, 1, range_, 7, [0, 1, 2, 3]) + b"\xff"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_range_above_fltmax_over_d_is_refused(impl):
+    c = get_codec("thc", impl=impl)
+    with pytest.raises(ValueError, match="range"):
+        c.decode(FOUND_RANGE_OVERFLOW, 3)
+    with pytest.raises(ValueError, match="range"):
+        c.info(FOUND_RANGE_OVERFLOW)
+    edge = np.float32(np.finfo(np.float32).max / 4)
+    y = c.decode(all_top_blob(edge), 4)
+    assert np.isfinite(y).all() and abs(y).max() == np.finfo(np.float32).max / 2
+    with pytest.raises(ValueError, match="range"):
+        c.decode(all_top_blob(np.nextafter(edge, np.float32(np.inf))), 4)
+    with pytest.raises(ValueError, match="range"):
+        c.encode_with(np.ones(4, np.float32), np.nextafter(edge, np.float32(np.inf)), 1, 2)
+    assert c.decode(c.encode_with(np.ones(4, np.float32), edge, 1, 2), 4).size == 4
+
+
 def test_hostile_count_is_refused_before_allocating(valid):
     c = get_codec("thc")
     with pytest.raises(ValueError):
