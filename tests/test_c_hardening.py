@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ_SEED = 1
-# Executions per target: about 9-23 s each on the shared 2-core test machine (35-90k exec/s).
-FUZZ_RUNS = 800_000
+# Executions per target: 8-20 s each on the shared 2-core machine when quiet, up to ~30 s under load.
+FUZZ_RUNS = 700_000
 UNIT_TESTS = sorted(p.stem for p in (ROOT / "codecs_c" / "tests").glob("test_*.c"))
 FUZZ_TARGETS = sorted(p.stem for p in (ROOT / "codecs_c" / "fuzz").glob("fuzz_*.c")) + ["fuzz_nicd_packet"]
 
@@ -47,7 +47,7 @@ def test_fuzz_bounded(tmp_path, target):
     )
     tail = r.stderr[-3000:]
     assert r.returncode == 0, tail
-    stats = dict(line.split(":", 1) for line in r.stderr.splitlines() if line.startswith("stat::"))
+    stats = {k: v for k, _, v in (line.rpartition(":") for line in r.stderr.splitlines() if line.startswith("stat::"))}
     runs = int(stats["stat::number_of_executed_units"])
     print(f"{target}: {runs} executions, {stats['stat::average_exec_per_sec'].strip()}/s, seed {FUZZ_SEED}")
     # Every seed was read and every execution asked for happened (a target that returned early
