@@ -392,6 +392,27 @@ def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, prefix):
     assert np.isfinite(y).all()
 
 
+@settings(max_examples=300, deadline=None)
+@given(mbits=st.one_of(st.integers(0x7E000000, 0x7F7FFFFF), st.integers(0, 2**32 - 1)),
+       log2d=st.integers(0, 7), seed=st.integers(0, 2**64 - 1), data=st.data())
+def test_any_range_and_payload_decode_finite_or_raise(mbits, log2d, seed, data):
+    """Well-formed index blobs with any range bits (dense near FLT_MAX, where CI's finding was)
+    and any indices: C and numpy agree, and a decode is finite or a ValueError."""
+    d = 1 << log2d
+    z = np.array(data.draw(st.lists(st.integers(0, 3), min_size=d, max_size=d)))
+    M = np.uint32(mbits).view(np.float32)
+    blob = ref.header(ref.KIND_INDEX, 2, 3, 2, log2d, 1, M, seed, [0, 1, 2, 3]) + ref.pack_bits(z, 2)
+    c, r = get_codec("thc"), get_codec("thc", impl="numpy")
+    try:
+        y = c.decode(blob, d)
+    except ValueError:
+        with pytest.raises(ValueError):
+            r.decode(blob, d)
+        return
+    np.testing.assert_array_equal(y.view(np.uint32), r.decode(blob, d).view(np.uint32))
+    assert np.isfinite(y).all()
+
+
 # --- API --------------------------------------------------------------------------------------------------
 
 def test_api_refuses_bad_parameters_and_input():
