@@ -264,6 +264,29 @@ def test_huge_spectrum_decodes_finite_or_is_refused(impl):
     np.testing.assert_array_equal(c.decode(blob, 77), np.fft.irfft(spec, ref.fft_length(77))[:77])
 
 
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 64), bits=st.sampled_from([4, 10, 16]), data=st.data())
+def test_any_finite_spectrum_decodes_finite_or_raises(n, bits, data):
+    """Blobs of any finite spectrum, huge parts included: C and numpy agree, and a decode is
+    finite or a ValueError (before: inf/NaN from the float32 inverse transform)."""
+    K = ref.bins(n)
+    parts = data.draw(st.lists(st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                                         st.sampled_from([3.4e38, -3.4e38, 2e38, 0.0])),
+                               min_size=2 * K, max_size=2 * K))
+    spec = np.array(parts, np.float32).view(np.complex64)
+    c, r = get_codec("fft", theta=0.0, bits=bits), get_codec("fft", theta=0.0, bits=bits, impl="numpy")
+    blob = c.encode_spectrum(spec, n)
+    try:
+        y = c.decode(blob, n)
+    except ValueError as exc:
+        assert "beyond float32" in str(exc)
+        with pytest.raises(ValueError):
+            r.decode(blob, n)
+        return
+    np.testing.assert_array_equal(y.view(np.uint32), r.decode(blob, n).view(np.uint32))
+    assert np.isfinite(y).all()
+
+
 def test_hostile_count_is_refused_before_allocating(blob77):
     c = get_codec("fft")
     with pytest.raises(ValueError):
