@@ -11,7 +11,12 @@ FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fu
 DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h)
 CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-FUZZ_SECONDS ?= 60
+# `make -j2 fuzz`: the long campaign, FUZZ_SECONDS per target (two at a time with -j2), over
+# FUZZ_NAMES (default: every target). Findings stay in build/fuzz-findings/NAME/ (crash-*,
+# timeout-*, the log), new coverage in build/fuzz-corpus/NAME/; docs/codecs.md says how a
+# finding becomes a seed in tests/fuzz_corpus/NAME.
+FUZZ_SECONDS ?= 600
+FUZZ_NAMES ?= $(patsubst build/fuzz_%,%,$(FUZZ_TARGETS))
 
 .PHONY: all demo test bench check-c fuzz clean install-service uninstall-service wheelhouse
 
@@ -52,11 +57,19 @@ build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daem
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -Idaemon -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 
-# Bounded fuzzing run: new inputs go to build/, the seeds in tests/fuzz_corpus/ stay as they are.
-fuzz: $(FUZZ_TARGETS)
-	for t in $(FUZZ_TARGETS); do name=$${t#build/fuzz_}; mkdir -p build/fuzz-corpus/$$name; \
-		./$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-			build/fuzz-corpus/$$name tests/fuzz_corpus/$$name || exit 1; done
+# The campaign: each target under nice, its log and artifacts kept; the seeds in tests/fuzz_corpus/
+# stay as they are. A finding stops that target (exit 1); `make -k -j2 fuzz` runs the others on.
+FUZZ_RUNS_TARGETS := $(addprefix fuzz-,$(FUZZ_NAMES))
+.PHONY: $(FUZZ_RUNS_TARGETS)
+fuzz: $(FUZZ_RUNS_TARGETS)
+
+$(FUZZ_RUNS_TARGETS): fuzz-%: build/fuzz_%
+	@mkdir -p build/fuzz-corpus/$* build/fuzz-findings/$*
+	nice -n 10 ./$< -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -timeout=10 \
+		-artifact_prefix=build/fuzz-findings/$*/ build/fuzz-corpus/$* tests/fuzz_corpus/$* \
+		> build/fuzz-findings/$*/log 2>&1; rc=$$?; \
+		grep -h -E 'number_of_executed_units|ERROR|SUMMARY' build/fuzz-findings/$*/log | sed 's/^/$*: /'; \
+		exit $$rc
 
 clean:
 	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so daemon/*.so shim/*.so

@@ -202,9 +202,19 @@ def decode_spectrum(blob: bytes, n: int) -> np.ndarray:
 
 
 def inverse(spec: np.ndarray, n: int) -> np.ndarray:
+    """The first n values of irfft(spec, fft_length(n)), all finite, or ValueError. A blob's
+    codes reach FLT_MAX, and float32 partial sums of such a spectrum overflow: those (rare)
+    spectra are inverted again in float64, and refused if a value still lies beyond float32."""
     if n == 0:
         return np.zeros(0, np.float32)
-    return np.fft.irfft(spec, fft_length(n))[:n].astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.fft.irfft(spec, fft_length(n))[:n].astype(np.float32)
+        if np.isfinite(x).all():
+            return x
+        x = np.fft.irfft(spec.astype(np.complex128), fft_length(n))[:n].astype(np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError("malformed FFT stream: its spectrum decodes to values beyond float32")
+    return x
 
 
 def encode(x: np.ndarray, theta: float, bits: int, mantissa: int | None = None) -> bytes:

@@ -166,7 +166,8 @@ class THCCodec(Codec):
                            ffi.cast("float *", ffi.from_buffer(work)), ffi.cast("uint8_t *", ffi.from_buffer(out)),
                            out.size)
         if r == lib.THC_E_NONFINITE:
-            raise ValueError("THC input holds a non-finite value, or overflows float32 in the transform")
+            raise ValueError("THC input holds a non-finite value, overflows float32 in the transform, "
+                             "or its range M exceeds FLT_MAX / d")
         if r < 0:
             raise RuntimeError(f"thc encode failed: {error_text(lib.thc_strerror, r)}")
         return out.tobytes()

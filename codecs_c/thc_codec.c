@@ -6,6 +6,7 @@
 #include "thc_codec.h"
 #include "codec_util.h"
 
+#include <float.h>
 #include <string.h>
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
@@ -25,7 +26,7 @@ const char *thc_strerror(int status)
     case THC_E_VALUE: return "payload value out of range or nonzero padding bits";
     case THC_E_MISMATCH: return "blobs differ in parameters, table, dimension, range or seed";
     case THC_E_OVERFLOW: return "sum would overflow its element width";
-    case THC_E_NONFINITE: return "non-finite value or range";
+    case THC_E_NONFINITE: return "non-finite value, or range M not finite, negative or above FLT_MAX / d";
     default: return "unknown error";
     }
 }
@@ -68,6 +69,16 @@ double thc_sum_squares(const float *x, size_t n)
     for (size_t i = 0; i < n; i++)
         s += (double)x[i] * (double)x[i];
     return s;
+}
+
+/* M is usable for d padded values when it is finite, >= 0 and M * d <= FLT_MAX: a decoded
+ * rotated value is at most M in magnitude, the unnormalised inverse Hadamard transform's partial
+ * sums at most M * d (rounding is monotone and M * 2^j is exact), so every decoded value is
+ * finite. A larger M is refused rather than decoded to inf/NaN (SPEC.md keeps the operation
+ * order: scaling before the transform would change every decode by a rounding). */
+static int range_ok(float range, size_t d)
+{
+    return !nonfinite(range) && range >= 0.0f && (double)range * (double)d <= (double)FLT_MAX;
 }
 
 static inline int is_pow2(size_t d)
@@ -242,7 +253,7 @@ ptrdiff_t thc_encode(const float *in, size_t n, float range, uint64_t rot_seed, 
     size_t d = thc_padded_dim(n);
     if (d == 0)
         return THC_E_ARG;
-    if (nonfinite(range) || range < 0.0f)
+    if (!range_ok(range, d))
         return THC_E_NONFINITE;
     size_t need = thc_blob_size(n, bits, bits);
     if (cap < need)
@@ -323,7 +334,7 @@ int thc_inspect(const uint8_t *in, size_t len, struct thc_info *info)
                                   (uint64_t)count * (uint64_t)g > (width == 32 ? 0xFFFFFFFFull : (1ull << width) - 1)))
         return THC_E_HEADER;
     float range = u2f(get_u32(in + 12));
-    if (nonfinite(range) || range < 0.0f)
+    if (!range_ok(range, (size_t)1 << log2d))
         return THC_E_NONFINITE;
     size_t levels = (size_t)1 << bits;
     if (len < THC_HEADER_BYTES + levels)

@@ -22,7 +22,8 @@
  *   6    1     log2(d), 0..31: d = 2^log2(d) payload elements (the padded dimension)
  *   7    1     reserved, 0
  *   8    4     count, u32: contributions summed (1 for kind 0), count * g <= 2^w - 1
- *   12   4     M, f32: the clamp range [-M, M]; finite, >= 0
+ *   12   4     M, f32: the clamp range [-M, M]; finite, >= 0, M * d <= FLT_MAX (so the inverse
+ *              transform of any payload stays finite)
  *   16   8     rotation seed, u64
  *   24   2^b   table T, u8 each: T[0] = 0, strictly increasing, T[2^b - 1] = g
  *   24+2^b     payload: d elements of w bits, element i at bit offset i*w, LSB first; kind 0:
@@ -66,7 +67,7 @@ enum thc_status {
     THC_E_VALUE = -8,     /* a sum above count * g, or nonzero padding bits */
     THC_E_MISMATCH = -9,  /* blobs to sum differ in b, g, table, d, M or seed */
     THC_E_OVERFLOW = -10, /* the sum's count * g does not fit its element width */
-    THC_E_NONFINITE = -11 /* M not finite or negative, or a non-finite input value */
+    THC_E_NONFINITE = -11 /* M not finite, negative or above FLT_MAX / d, or a non-finite input value */
 };
 
 /* What thc_inspect reads from a header (after checking it and the blob length). */

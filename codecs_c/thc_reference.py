@@ -134,14 +134,20 @@ def quantize(r: np.ndarray, range_: float, noise_seed: int, bits: int, g: int, t
     return z + (u * gap < y - lo)  # P = (y - lo) / gap; u * gap is exact
 
 
+def range_ok(M: np.float32, d: int) -> bool:
+    """M finite, >= 0 and M * d <= FLT_MAX: then the inverse transform of any payload (rotated
+    values at most M, partial sums at most M * d) stays finite (thc_codec.c: range_ok)."""
+    return bool(np.isfinite(M) and M >= 0 and float(M) * d <= float(np.finfo(np.float32).max))
+
+
 def encode(x: np.ndarray, range_: float, rot_seed: int, noise_seed: int, bits: int, g: int, table) -> bytes:
     n = x.size
     if not np.isfinite(x).all():
         raise ValueError("THC input holds a non-finite value")
     M = np.float32(range_)
-    if not np.isfinite(M) or M < 0:
-        raise ValueError(f"THC range must be finite and >= 0, got {range_}")
     d = padded_dim(n)
+    if not range_ok(M, d):
+        raise ValueError(f"THC range must be finite, >= 0 and at most FLT_MAX / {d}, got {range_}")
     padded = np.zeros(d, dtype=np.float32)
     padded[:n] = x
     r = rht(padded, rot_seed)
@@ -171,8 +177,8 @@ def parse(blob: bytes) -> dict:
     elif width not in (8, 16, 32) or count == 0 or count * g > (1 << width) - 1:
         raise ValueError("malformed THC stream: sum blob with bad width or count")
     M = np.frombuffer(b[12:16], dtype=np.float32)[0]
-    if not np.isfinite(M) or M < 0:
-        raise ValueError("malformed THC stream: range not finite and >= 0")
+    if not range_ok(M, 1 << log2d):
+        raise ValueError("malformed THC stream: range not finite, >= 0 and at most FLT_MAX / d")
     levels = 1 << bits
     if len(b) < HEADER_BYTES + levels:
         raise ValueError("malformed THC stream: truncated table")

@@ -11,7 +11,8 @@
  *   port=N[-M]          both of the above: the service port, at either end of the connection
  *   net=ADDR[/LEN]      sockets that connect() to, or are accept()ed from, a peer in that
  *                       IPv4 or IPv6 network (IPv4 networks also match IPv4-mapped peers)
- *   tos=V               the mark (default 0x28): a multiple of 4 from 4 to 252, decimal or 0x..
+ *   tos=V               the mark (default 0x28): a multiple of 4 from 4 to 252, decimal or 0x..;
+ *                       not DSCP 11 (0x2c) or 12 (0x30), the soft NIC's own marks on the wire
  *   override=keep|allow keep (default): the tag stays when the program later sets IP_TOS or
  *                       IPV6_TCLASS itself; allow: the program's own value wins, both later
  *                       and when it set one before the socket matched
@@ -28,7 +29,12 @@
  *
  * INCEPTIONN_TAG_LOG: 0 (off), 1 (every socket tagged, on stderr), 2 (also the policy as loaded
  * and every socket left untagged and why), an absolute file path (level 1, appended), or
- * LEVEL:PATH.
+ * LEVEL:PATH. The file is opened with O_NOFOLLOW: a symbolic link there is refused at load.
+ *
+ * In a set-user-ID, set-group-ID or capability-gaining program (AT_SECURE) the environment is the
+ * invoker's, not the program's: both variables are read with secure_getenv, so the library
+ * stays inert there (a user cannot have a privileged program's traffic marked for lossy
+ * compression, nor make it append to a file of the user's choosing).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -41,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -49,6 +56,11 @@
 #define EXPORT __attribute__((visibility("default")))
 
 #define DEFAULT_TOS 0x28
+/* The soft NIC's own DSCPs on the wire (daemon/config.py defaults): a program marked with one
+ * would have its plain bytes taken for compressed data, or its SYNs for the soft NIC's hello. */
+#define DSCP_COMPRESSED 11
+#define DSCP_HELLO 12
+#define LOG_OPEN_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW)
 #define MAX_TERMS 32
 #define MAX_POLICY 4096
 
@@ -245,6 +257,9 @@ static int parse_policy(const char *text, struct policy *p, char *err, size_t n)
                 return fail(err, n, "'tos' given twice");
             if (!eq || parse_tos(v, vl, &p->tos))
                 return fail(err, n, "bad tos '%.*s': use a multiple of 4 from 4 to 252 (the low 2 bits are ECN), e.g. tos=0x28", (int)tl, a);
+            if (p->tos >> 2 == DSCP_COMPRESSED || p->tos >> 2 == DSCP_HELLO)
+                return fail(err, n, "bad tos '%.*s': DSCP %d is the soft NIC's own mark for %s on the wire; pick another, e.g. tos=0x28",
+                            (int)tl, a, p->tos >> 2, p->tos >> 2 == DSCP_COMPRESSED ? "compressed data" : "its handshake");
         } else if (KEY("override")) {
             is_selector = 0;
             if (p->keep >= 0)
@@ -340,7 +355,7 @@ static void logmsg(const char *fmt, ...)
     line[len++] = '\n';
     /* A file is opened for every line: a program that closes or reuses descriptors can never
      * get our log lines written into one of its own files or sockets. */
-    int fd = g_log_path[0] ? open(g_log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : 2;
+    int fd = g_log_path[0] ? open(g_log_path, LOG_OPEN_FLAGS, 0644) : 2;
     if (fd >= 0) {
         ssize_t w = write(fd, line, (size_t)len); /* one write: lines of processes never mix */
         (void)w;
@@ -425,16 +440,19 @@ static void init(void)
     if (!real_connect || !real_listen || !real_accept || !real_accept4 || !real_setsockopt)
         die("environment", "LD_PRELOAD", "the C library's socket calls cannot be found (dlsym RTLD_NEXT)");
 
-    const char *log = getenv("INCEPTIONN_TAG_LOG");
+    /* secure_getenv: NULL under AT_SECURE, where the environment is the invoker's. */
+    const char *log = secure_getenv("INCEPTIONN_TAG_LOG");
     if (log && log[0] && parse_log(log))
         die("INCEPTIONN_TAG_LOG", log, "use 0, 1, 2, an absolute file path, or LEVEL:PATH");
+    if (getauxval(AT_SECURE))
+        g_log_path[0] = 0; /* never a file of the invoker's choosing, whatever set the path */
     if (g_log_path[0]) {
-        int fd = open(g_log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        int fd = open(g_log_path, LOG_OPEN_FLAGS, 0644);
         if (fd < 0)
-            die("INCEPTIONN_TAG_LOG", log, strerror(errno));
+            die("INCEPTIONN_TAG_LOG", log, errno == ELOOP ? "the log file is a symbolic link (refused)" : strerror(errno));
         close(fd);
     }
-    const char *pol = getenv("INCEPTIONN_TAG");
+    const char *pol = secure_getenv("INCEPTIONN_TAG");
     if (pol) {
         char err[512];
         if (parse_policy(pol, &P, err, sizeof err))

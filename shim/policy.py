@@ -7,6 +7,9 @@ separated, spaces around a term allowed:
     all | none | port=N[-M] | lport=N[-M] | rport=N[-M] | net=ADDR[/LEN]     selectors (any matches)
     tos=V (default 0x28)    override=keep|allow (default keep)              options, at most once
 
+``tos`` is a multiple of 4 from 4 to 252, but not DSCP 11 (0x2c) or 12 (0x30): those are the soft
+NIC's own marks on the wire (compressed data, handshake).
+
     >>> parse_policy("port=23000-23099").canonical
     'port=23000-23099,tos=0x28,override=keep'
 """
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field
 from inceptionn.errors import UserError
 
 DEFAULT_TOS = 0x28
+# The soft NIC's DSCPs on the wire (daemon/config.py defaults): refused as a program's mark.
+WIRE_DSCPS = {11: "compressed data", 12: "its handshake"}
 MAX_POLICY = 4096
 MAX_TERMS = 32
 SELECTORS = ("all", "none", "port", "lport", "rport", "net")
@@ -171,6 +176,9 @@ def parse_policy(text: str) -> Policy:
             if tos is None:
                 raise PolicyError(f"bad tos '{term}': use a multiple of 4 from 4 to 252 "
                                   "(the low 2 bits are ECN), e.g. tos=0x28")
+            if tos >> 2 in WIRE_DSCPS:
+                raise PolicyError(f"bad tos '{term}': DSCP {tos >> 2} is the soft NIC's own mark for "
+                                  f"{WIRE_DSCPS[tos >> 2]} on the wire; pick another, e.g. tos=0x28")
         elif key == "override":
             if keep is not None:
                 raise PolicyError("'override' given twice")

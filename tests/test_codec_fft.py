@@ -243,6 +243,50 @@ def test_malformed_blobs_raise_valueerror(impl, blob77):
         c.decode(bytes(bad), 77)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_huge_spectrum_decodes_finite_or_is_refused(impl):
+    """Codes reach FLT_MAX; the float32 inverse transform of such a spectrum overflowed to
+    inf/NaN. Now: redone in float64, finite when the values fit float32, else ValueError."""
+    c = get_codec("fft", theta=0.0, bits=16, impl=impl)
+    fits = c.encode_spectrum(np.array([3e38, -3e38], np.complex64), 2)  # x = (X0 +- X1) / 2
+    y = c.decode(fits, 2)
+    assert np.isfinite(y).all() and y[0] == 0 and 2.9e38 < y[1] <= 3e38
+    # Every bin at +-3e38 +- 3e38j, its phase turned towards x[5]: x[5] = 3.8e38 > FLT_MAX.
+    psi = 2 * np.pi * 5 * np.arange(33) / 64
+    spec = 3e38 * (np.sign(np.cos(psi)) - 1j * np.sign(np.sin(psi)))
+    spec[0], spec[32] = 3e38, -3e38
+    beyond = c.encode_spectrum(spec.astype(np.complex64), 64)
+    with pytest.raises(ValueError, match="beyond float32"):
+        c.decode(beyond, 64)
+    small = grads(np.random.default_rng(3), 77)  # ordinary blobs take the float32 path unchanged
+    blob = c.encode(small)
+    spec = c.decode_spectrum(blob, 77)
+    np.testing.assert_array_equal(c.decode(blob, 77), np.fft.irfft(spec, ref.fft_length(77))[:77])
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 64), bits=st.sampled_from([4, 10, 16]), data=st.data())
+def test_any_finite_spectrum_decodes_finite_or_raises(n, bits, data):
+    """Blobs of any finite spectrum, huge parts included: C and numpy agree, and a decode is
+    finite or a ValueError (before: inf/NaN from the float32 inverse transform)."""
+    K = ref.bins(n)
+    parts = data.draw(st.lists(st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                                         st.sampled_from([3.4e38, -3.4e38, 2e38, 0.0])),
+                               min_size=2 * K, max_size=2 * K))
+    spec = np.array(parts, np.float32).view(np.complex64)
+    c, r = get_codec("fft", theta=0.0, bits=bits), get_codec("fft", theta=0.0, bits=bits, impl="numpy")
+    blob = c.encode_spectrum(spec, n)
+    try:
+        y = c.decode(blob, n)
+    except ValueError as exc:
+        assert "beyond float32" in str(exc)
+        with pytest.raises(ValueError):
+            r.decode(blob, n)
+        return
+    np.testing.assert_array_equal(y.view(np.uint32), r.decode(blob, n).view(np.uint32))
+    assert np.isfinite(y).all()
+
+
 def test_hostile_count_is_refused_before_allocating(blob77):
     c = get_codec("fft")
     with pytest.raises(ValueError):

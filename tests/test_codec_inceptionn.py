@@ -155,6 +155,47 @@ def test_malformed_streams_raise_valueerror(impl):
         c.decode(b"\0\0", 10**12)  # a hostile count is refused, not allocated per group
 
 
+def random_stream(rng, n):
+    """A well-formed stream of n values with random tags and random payload bytes (so raw lanes
+    hold every bit pattern: inf, NaN, subnormals); returns it with each lane's tag."""
+    out, tags = bytearray(), []
+    for g in range(-(-n // 8)):
+        lanes = min(8, n - 8 * g)
+        t = rng.integers(0, 4, lanes)
+        out += int(sum(int(v) << (2 * j) for j, v in enumerate(t))).to_bytes(2, "little")
+        out += rng.bytes(int(sum((0, 1, 2, 4)[v] for v in t)))
+        tags += t.tolist()
+    return bytes(out), np.array(tags)
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+def test_only_raw_lanes_decode_non_finite(impl):
+    """The rule for INCEPTIONN (docs/codecs.md): the compressed tiers always decode finite
+    (8BIT and 16BIT below 1 in magnitude, 0BIT +0.0); inf/NaN only ever come out of a
+    NO_COMPRESS lane, as its 4 bytes verbatim (the soft NIC relies on byte-exact transparency)."""
+    rng = np.random.default_rng(11)
+    c = get_codec("inceptionn", error_bound=-10, impl=impl)
+    raw_nonfinite = 0
+    for n in (1, 7, 8, 9, 100, 4099):
+        for _ in range(20):
+            blob, tags = random_stream(rng, n)
+            y = c.decode(blob, n)
+            packed = tags != 3
+            assert np.isfinite(y[packed]).all() and (np.abs(y[packed]) < 1).all()
+            assert (y.view(np.uint32)[tags == 0] == 0).all()
+            raw = []
+            pos = 0
+            for g in range(-(-n // 8)):
+                pos += 2
+                for t in tags[8 * g: 8 * g + 8]:
+                    if t == 3:
+                        raw.append(blob[pos:pos + 4])
+                    pos += (0, 1, 2, 4)[t]
+            assert y[tags == 3].tobytes() == b"".join(raw)  # verbatim, NaN payloads included
+            raw_nonfinite += int((~np.isfinite(y[tags == 3])).sum())
+    assert raw_nonfinite > 0  # the random raw lanes did carry inf/NaN through
+
+
 def test_padding_lane_rejected_message():
     c = get_codec("inceptionn", error_bound=-10)
     with pytest.raises(ValueError, match="not 0BIT.*byte 0"):

@@ -269,11 +269,13 @@ def test_hostile_count_is_refused_before_allocating():
 
 
 @settings(max_examples=400, deadline=None)
-@given(blob=st.binary(max_size=40), n=st.integers(0, 100), header=st.booleans())
-def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, header):
-    if header:  # a valid header so the payload checks get exercised
+@given(blob=st.binary(max_size=40), n=st.integers(0, 100), header=st.booleans(),
+       scaler=st.one_of(st.just(0x3F000000), st.sampled_from([0x7F7FFFFF, 0x7F800000, 0x7FC00000, 1]),
+                        st.integers(0, 2**32 - 1)))
+def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, header, scaler):
+    if header:  # a valid header (any scaler bits) so the payload checks get exercised
         packing = n % 2
-        blob = bytes([0x54, 1, packing, 0]) + f32(0.5).tobytes() + n.to_bytes(4, "little") + blob
+        blob = bytes([0x54, 1, packing, 0]) + scaler.to_bytes(4, "little") + n.to_bytes(4, "little") + blob
     c, r = get_codec("terngrad"), get_codec("terngrad", impl="numpy")
     try:
         y = c.decode(blob, n)
@@ -282,6 +284,7 @@ def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, header):
             r.decode(blob, n)
         return
     np.testing.assert_array_equal(bits(y), bits(r.decode(blob, n)))
+    assert np.isfinite(y).all()  # a NaN/inf scaler is refused, so every value is finite
 
 
 # --- parameters -------------------------------------------------------------------------------

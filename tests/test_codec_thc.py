@@ -342,6 +342,32 @@ def test_malformed_blobs_raise_valueerror(impl, valid):
         c.sum_encoded([bytes(over)])
 
 
+# CI's fuzz finding (issue 11): M = 1.55e38 with d = 4; the inverse transform summed it to inf.
+FOUND_RANGE_OVERFLOW = bytes.fromhex("54010002030202000100000" "03ee4e97eafcd1d7b30a820e2000102035f")
+
+
+def all_top_blob(range_: np.float32) -> bytes:
+    """d = 4, b = 2, g = 3, every index 3: the largest partial sum (4 M) any payload gives."""
+    return ref.header(ref.KIND_INDEX, 2, 3, 2, 2, 1, range_, 7, [0, 1, 2, 3]) + b"\xff"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_range_above_fltmax_over_d_is_refused(impl):
+    c = get_codec("thc", impl=impl)
+    with pytest.raises(ValueError, match="range"):
+        c.decode(FOUND_RANGE_OVERFLOW, 3)
+    with pytest.raises(ValueError, match="range"):
+        c.info(FOUND_RANGE_OVERFLOW)
+    edge = np.float32(np.finfo(np.float32).max / 4)
+    y = c.decode(all_top_blob(edge), 4)
+    assert np.isfinite(y).all() and abs(y).max() == np.finfo(np.float32).max / 2
+    with pytest.raises(ValueError, match="range"):
+        c.decode(all_top_blob(np.nextafter(edge, np.float32(np.inf))), 4)
+    with pytest.raises(ValueError, match="range"):
+        c.encode_with(np.ones(4, np.float32), np.nextafter(edge, np.float32(np.inf)), 1, 2)
+    assert c.decode(c.encode_with(np.ones(4, np.float32), edge, 1, 2), 4).size == 4
+
+
 def test_hostile_count_is_refused_before_allocating(valid):
     c = get_codec("thc")
     with pytest.raises(ValueError):
@@ -363,6 +389,27 @@ def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, prefix):
             r.decode(blob, n)
         return
     np.testing.assert_array_equal(y.view(np.uint32), r.decode(blob, n).view(np.uint32))
+    assert np.isfinite(y).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(mbits=st.one_of(st.integers(0x7E000000, 0x7F7FFFFF), st.integers(0, 2**32 - 1)),
+       log2d=st.integers(0, 7), seed=st.integers(0, 2**64 - 1), data=st.data())
+def test_any_range_and_payload_decode_finite_or_raise(mbits, log2d, seed, data):
+    """Well-formed index blobs with any range bits (dense near FLT_MAX, where CI's finding was)
+    and any indices: C and numpy agree, and a decode is finite or a ValueError."""
+    d = 1 << log2d
+    z = np.array(data.draw(st.lists(st.integers(0, 3), min_size=d, max_size=d)))
+    M = np.uint32(mbits).view(np.float32)
+    blob = ref.header(ref.KIND_INDEX, 2, 3, 2, log2d, 1, M, seed, [0, 1, 2, 3]) + ref.pack_bits(z, 2)
+    c, r = get_codec("thc"), get_codec("thc", impl="numpy")
+    try:
+        y = c.decode(blob, d)
+    except ValueError:
+        with pytest.raises(ValueError):
+            r.decode(blob, d)
+        return
+    np.testing.assert_array_equal(y.view(np.uint32), r.decode(blob, d).view(np.uint32))
     assert np.isfinite(y).all()
 
 

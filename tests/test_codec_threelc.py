@@ -244,10 +244,13 @@ def test_hostile_count_is_refused_before_allocating():
 
 
 @settings(max_examples=400, deadline=None)
-@given(blob=st.binary(max_size=40), n=st.integers(0, 200), zre=st.booleans(), header_first=st.booleans())
-def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, zre, header_first):
-    if header_first:
-        blob = header(0.25, n, zre) + blob
+@given(blob=st.binary(max_size=40), n=st.integers(0, 200), zre=st.booleans(), header_first=st.booleans(),
+       m=st.one_of(st.just(0x3E800000), st.sampled_from([0x7F7FFFFF, 0x7F800000, 0xFFC00000, 1]),
+                   st.integers(0, 2**32 - 1)))
+def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, zre, header_first, m):
+    if header_first:  # a valid header with any scaler bits
+        head = header(0.25, n, zre)
+        blob = head[:4] + m.to_bytes(4, "little") + head[8:] + blob
     c, r = get_codec("3lc"), get_codec("3lc", impl="numpy")
     try:
         y = c.decode(blob, n)
@@ -256,6 +259,7 @@ def test_arbitrary_bytes_decode_or_raise_valueerror(blob, n, zre, header_first):
             r.decode(blob, n)
         return
     np.testing.assert_array_equal(bits(y), bits(r.decode(blob, n)))
+    assert np.isfinite(y).all()  # a NaN/inf scaler is refused, so every value is finite
 
 
 # --- parameters -------------------------------------------------------------------------------

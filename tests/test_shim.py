@@ -258,8 +258,8 @@ def test_override_keep_and_allow(shim_ns, probe, lib, base_port, policy_opts, fl
 @needs_root
 def test_tos_option(shim_ns, probe, lib, base_port):
     port = base_port + 1
-    recs, _ = run_probe(shim_ns, probe, [f"{V4}:{port}"], policy=f"port={port},tos=0x30", lib=lib)
-    assert ds(by_port(recs)[port]["client_tos"]) == 0x30
+    recs, _ = run_probe(shim_ns, probe, [f"{V4}:{port}"], policy=f"port={port},tos=0x38", lib=lib)
+    assert ds(by_port(recs)[port]["client_tos"]) == 0x38
 
 
 @needs_root
@@ -349,15 +349,18 @@ BAD_POLICIES = [
     ("all,port=5000", "'all' cannot be combined"),
     ("none,port=5000", "'none' cannot be combined"),
     ("port=5000,,all", "empty term"),
-    ("all,tos=0x28,tos=0x30", "'tos' given twice"),
+    ("all,tos=0x28,tos=0x38", "'tos' given twice"),
+    ("all,tos=0x2c", "bad tos 'tos=0x2c': DSCP 11 is the soft NIC's own mark for compressed data"),
+    ("port=5000,tos=48", "bad tos 'tos=48': DSCP 12 is the soft NIC's own mark for its handshake"),
     ("port=5000\nall", "non-printable"),
 ]
+WIRE_MARKS = BAD_POLICIES[-3:-1]
 GOOD_POLICIES = [
     ("all", "all,tos=0x28,override=keep"),
     ("none", "none,tos=0x28,override=keep"),
     (" port=23000-23099 ", "port=23000-23099,tos=0x28,override=keep"),
     ("rport=5000,lport=6000-6001,net=198.18.0.0/24", "rport=5000,lport=6000-6001,net=198.18.0.0/24,tos=0x28,override=keep"),
-    ("net=2001:0002:0:0::/48,tos=48,override=allow", "net=2001:2::/48,tos=0x30,override=allow"),
+    ("net=2001:0002:0:0::/48,tos=56,override=allow", "net=2001:2::/48,tos=0x38,override=allow"),
     ("net=::ffff:198.18.0.0/120", "net=::ffff:198.18.0.0/120,tos=0x28,override=keep"),
     ("net=198.18.0.7", "net=198.18.0.7/32,tos=0x28,override=keep"),
 ]
@@ -412,7 +415,7 @@ def test_c_and_python_parsers_agree(lib, text):
     assert c_parse(lib, text) == py_parse(text)
 
 
-@pytest.mark.parametrize("text,reason", BAD_POLICIES[:6] + BAD_POLICIES[-1:], ids=lambda v: repr(v)[:20])
+@pytest.mark.parametrize("text,reason", BAD_POLICIES[:6] + WIRE_MARKS + BAD_POLICIES[-1:], ids=lambda v: repr(v)[:20])
 def test_library_refuses_bad_policy_before_main(lib, text, reason):
     env = dict(os.environ, LD_PRELOAD=lib, INCEPTIONN_TAG=text)
     r = subprocess.run(["sh", "-c", "echo main ran"], env=env, capture_output=True, text=True, timeout=30)
@@ -428,6 +431,65 @@ def test_library_refuses_bad_log_setting(lib, value):
     r = subprocess.run(["true"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert r.stderr.startswith("inceptionn: error: bad INCEPTIONN_TAG_LOG") and r.stderr.count("\n") == 1
+
+
+def test_library_refuses_a_symlinked_log_file(lib, tmp_path):
+    """O_NOFOLLOW: a symbolic link where the log goes is refused at load, and the file it points
+    to is not written (before: the policy line was appended to it)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "tag.log"
+    link.symlink_to(victim)
+    env = dict(os.environ, LD_PRELOAD=lib, INCEPTIONN_TAG="all", INCEPTIONN_TAG_LOG=f"2:{link}")
+    r = subprocess.run(["sh", "-c", "echo main ran"], env=env, capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert r.stderr == f"inceptionn: error: bad INCEPTIONN_TAG_LOG '2:{link}': the log file is a symbolic link (refused)\n"
+    assert victim.read_text() == "precious\n"
+    real = tmp_path / "real.log"  # a plain file still works
+    env["INCEPTIONN_TAG_LOG"] = f"2:{real}"
+    r = subprocess.run(["sh", "-c", "echo main ran"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "policy all,tos=0x28,override=keep" in real.read_text()
+
+
+SYSTEM_LIB = Path("/usr/lib/x86_64-linux-gnu/libz.so.1")
+
+
+@needs_root
+@pytest.mark.skipif(not (shutil.which("unshare") and SYSTEM_LIB.exists()), reason="needs unshare and libz")
+@pytest.mark.parametrize("setuid", [False, True], ids=["plain", "setuid"])
+def test_setuid_program_ignores_policy_and_log_path(shim_ns, c_probe, lib, base_port, tmp_path, setuid):
+    """AT_SECURE: in a set-user-ID program (here the probe, owned by nobody, run by root) the
+    environment is the invoker's, so INCEPTIONN_TAG and INCEPTIONN_TAG_LOG are ignored. glibc
+    preloads into such a program only a set-user-ID library from a system directory, named
+    without a slash: a private mount namespace bind-mounts a set-user-ID copy of the library
+    over libz (which the probe does not use). The plain run is the control: the same preload
+    does apply the policy there. The explicit call shows the library is loaded in both."""
+    port = base_port + 1
+    shim = tmp_path / "shim.so"
+    shutil.copy(lib, shim)
+    shim.chmod(0o4755)
+    probe = tmp_path / "probe"
+    shutil.copy(c_probe, probe)
+    if setuid:
+        os.chown(probe, 65534, 65534)
+        probe.chmod(0o4755)
+    logfile = tmp_path / "tag.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INCEPTIONN_TAG", "LD_PRELOAD"))}
+    env.update(INCEPTIONN_TAG="all,tos=0x38", INCEPTIONN_TAG_LOG=f"2:{logfile}")
+    script = 'mount --bind "$1" "$2" && exec env LD_PRELOAD="${2##*/}" "$3" --explicit "$4"'
+    r = ns.run(shim_ns, ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                         str(shim), str(SYSTEM_LIB), str(probe), f"{V4}:{port}"],
+               env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    recs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert recs[0] == {"kind": "explicit", "found": True}
+    rec = by_port(recs)[port]
+    if setuid:  # explicit call: the default mark; the policy's listen/accept tagging: none; no log
+        assert (ds(rec["client_tos"]), rec["server_tos"]) == (0x28, 0)
+        assert not logfile.exists()
+    else:
+        assert (ds(rec["client_tos"]), ds(rec["server_tos"])) == (0x38, 0x38)
+        assert "policy all,tos=0x38,override=keep" in logfile.read_text()
 
 
 def cli_error(capsys, *argv: str) -> str:
@@ -457,6 +519,9 @@ def test_cli_errors_through_the_console_script(monkeypatch):
     monkeypatch.delenv("INCEPTIONN_TAG", raising=False)
     assert_one_line_error(run_cli("run", "--", "true"), "run needs --tag POLICY")
     assert_one_line_error(run_cli("run", "--tag", "port=0", "--", "true"), "bad tag policy 'port=0'")
+    # in a child: were the mark accepted, main() would exec the program in place of pytest
+    assert_one_line_error(run_cli("run", "--tag", "all,tos=0x30", "--", "sh", "-c", "echo ran"),
+                          "bad tos 'tos=0x30': DSCP 12 is the soft NIC's own mark for its handshake")
 
 
 def test_cli_passes_exit_status_and_environment(lib):

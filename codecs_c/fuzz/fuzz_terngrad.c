@@ -2,7 +2,7 @@
  * libFuzzer target for the TernGrad codec. Byte 0 picks the mode:
  *   even: decode. The rest is the stream, copied to an exactly-sized buffer. The value count n
  *         is the stream's own count (bytes 8-11, capped at 65535) when bit 1 of byte 0 is set,
- *         else byte 0 >> 2. A stream that decodes must give values in {-S, 0, S} only.
+ *         else byte 0 >> 2. A stream that decodes must give finite values in {-S, 0, S} only.
  *   odd:  encode. Byte 1 picks packing, clipping and an agreed scaler (none, larger, smaller),
  *         bytes 2-9 the seed, the rest are float bit patterns. Encoding must succeed (or refuse
  *         non-finite input), take exactly tg_encoded_size bytes, match the baseline kernels'
@@ -28,7 +28,7 @@ static void decode_case(const uint8_t *data, size_t size)
         float S;
         memcpy(&S, stream + 4, 4);
         for (size_t i = 0; i < n; i++)
-            if (!(y[i] == 0.0f || y[i] == S || y[i] == -S))
+            if (!fz_finite(y[i]) || !(y[i] == 0.0f || y[i] == S || y[i] == -S))
                 abort();
     } else if (r > TG_OK || r < TG_E_CODE || r == TG_E_ARG || r == TG_E_SPACE || at > len) {
         abort();

@@ -3,7 +3,7 @@
  *   even: decode. The rest is the stream, copied to an exactly-sized buffer. The value count n
  *         is the stream's own count (bytes 8-11, capped at 65535) when bit 1 of byte 0 is set,
  *         else byte 0 >> 2: both the consistent and the inconsistent case get exercised. A
- *         stream that decodes must give values in {-M, 0, M} only.
+ *         stream that decodes must give finite values in {-M, 0, M} only.
  *   odd:  encode. Byte 1 picks the sparsity and ZRE, the rest are float bit patterns. Encoding
  *         must succeed (or refuse non-finite input / scaler overflow), the baseline and SIMD
  *         kernels must agree, the stream must decode to the values tlc_encode reported, bit for
@@ -28,7 +28,7 @@ static void decode_case(const uint8_t *data, size_t size)
         float m;
         memcpy(&m, stream + 4, 4);
         for (size_t i = 0; i < n; i++)
-            if (!(y[i] == 0.0f || y[i] == m || y[i] == -m))
+            if (!fz_finite(y[i]) || !(y[i] == 0.0f || y[i] == m || y[i] == -m))
                 abort();
     } else if (r > TLC_OK || r < TLC_E_OVERFLOW || r == TLC_E_ARG || r == TLC_E_SPACE || at > len) {
         abort(); /* only stream errors, at an offset inside the stream */

@@ -7,6 +7,7 @@
 
 #include "check.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +337,63 @@ static void test_malformed(void)
     free(blob);
 }
 
+/* A kind-0 blob for d = 4 values, b = 2, g = 3, table {0, 1, 2, 3}, range M, every index 3 (each
+ * rotated value +M): the inverse transform's first sum is 4 M, the largest any payload gives. */
+static void blob_all_top(uint8_t out[29], float range)
+{
+    static const uint8_t head[12] = {0x54, 1, 0, 2, 3, 2, 2, 0, 1, 0, 0, 0};
+    memcpy(out, head, 12);
+    memcpy(out + 12, &range, 4);
+    memset(out + 16, 0x5A, 8); /* rotation seed */
+    static const uint8_t table[4] = {0, 1, 2, 3};
+    memcpy(out + 24, table, 4);
+    out[28] = 0xFF;
+}
+
+static void test_hostile_range(void)
+{
+    /* CI's finding (fuzz_thc, issue 11): M = 1.55e38 with d = 4 decoded to inf. */
+    static const uint8_t found[29] = {0x54, 0x01, 0x00, 0x02, 0x03, 0x02, 0x02, 0x00, 0x01, 0x00,
+                                      0x00, 0x00, 0x3e, 0xe4, 0xe9, 0x7e, 0xaf, 0xcd, 0x1d, 0x7b,
+                                      0x30, 0xa8, 0x20, 0xe2, 0x00, 0x01, 0x02, 0x03, 0x5f};
+    float work[4], out[4];
+    size_t at = 0;
+    uint8_t *t = copy_exact(found, sizeof found);
+    CHECK(thc_decode(t, sizeof found, 3, work, out, &at) == THC_E_NONFINITE && at == 12, "found blob refused at M");
+    CHECK(thc_decode_rotated(t, sizeof found, 3, work, NULL) == THC_E_NONFINITE, "rotated decode refuses it too");
+    struct thc_info info;
+    CHECK(thc_inspect(t, sizeof found, &info) == THC_E_NONFINITE, "inspect refuses it");
+    free(t);
+
+    /* The bound is tight: M = FLT_MAX / d decodes to finite values (the first is FLT_MAX / 2),
+     * the next float up is refused, by the decoder, the sum and the encoder alike. */
+    uint8_t blob[29];
+    float edge = FLT_MAX / 4;
+    blob_all_top(blob, edge);
+    t = copy_exact(blob, sizeof blob);
+    int r = thc_decode(t, sizeof blob, 4, work, out, NULL);
+    CHECK(r == THC_OK && isfinite(out[0]) && out[0] == FLT_MAX / 2, "M = FLT_MAX / d: %d, %g", r, (double)out[0]);
+    const uint8_t *two[2] = {t, t};
+    size_t lens[2] = {sizeof blob, sizeof blob};
+    uint8_t sum[24 + 4 + 4];
+    CHECK(thc_sum(two, lens, 2, 4, 8, sum, sizeof sum, NULL) == (ptrdiff_t)sizeof sum, "sum at the edge");
+    CHECK(thc_decode(sum, sizeof sum, 4, work, out, NULL) == THC_OK && isfinite(out[0]), "sum decodes finite");
+    free(t);
+    blob_all_top(blob, nextafterf(edge, INFINITY));
+    t = copy_exact(blob, sizeof blob);
+    CHECK(thc_decode(t, sizeof blob, 4, work, out, &at) == THC_E_NONFINITE && at == 12, "M above FLT_MAX / d");
+    two[0] = two[1] = t;
+    CHECK(thc_sum(two, lens, 2, 4, 8, sum, sizeof sum, NULL) == THC_E_NONFINITE, "sum refuses it");
+    free(t);
+    static const uint8_t T2[4] = {0, 1, 2, 3};
+    float x[4] = {1, -1, 0.5f, 0};
+    uint8_t enc[29];
+    CHECK(thc_encode(x, 4, edge, 1, 2, 2, 3, T2, work, enc, sizeof enc) == (ptrdiff_t)sizeof enc, "encode at the edge");
+    CHECK(thc_decode(enc, sizeof enc, 4, work, out, NULL) == THC_OK, "and it decodes");
+    CHECK(thc_encode(x, 4, nextafterf(edge, INFINITY), 1, 2, 2, 3, T2, work, enc, sizeof enc) == THC_E_NONFINITE,
+          "encoder refuses M above FLT_MAX / d");
+}
+
 int main(void)
 {
     test_sizes();
@@ -345,5 +403,6 @@ int main(void)
     test_unbiased();
     test_sum();
     test_malformed();
+    test_hostile_range();
     return check_report("test_thc_codec");
 }
