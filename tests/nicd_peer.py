@@ -1,14 +1,18 @@
 """Helper program the soft-NIC end-to-end tests (tests/test_nicd.py) run inside testbed hosts.
 
-    recv  --bind IP --port P --out FILE
+    recv  --bind IP --port P --out FILE [--tos 0x30]
           listen, print "listening", accept one connection and append what arrives to FILE,
           flushing after every read (the test watches FILE grow), until the peer closes.
+          --tos marks the listening socket (its SYN-ACKs) and so the accepted one.
     send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE]
           connect (IP_TOS and TCP_MAXSEG set before connect), send FILE; with --pause-at, send
           the first N bytes, print "paused", wait until the file --go exists, send the rest.
           Then half-close and wait for the receiver to close: exit 0 means all was delivered.
     craft --dst IP --kinds K1,K2,... --count N
           send N hostile packets of each kind with scapy from a raw socket (see KINDS).
+    spoof-synack --iface IF [--port P]
+          sniff the next handshake (to port P) on IF (run it in the server's namespace), then send
+          the client copies of the server's real SYN-ACK marked DSCP 12 (see SPOOFS), in order.
 
 Only the standard library for recv/send, so they start fast.
 """
@@ -23,6 +27,8 @@ import time
 def recv(a):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if a.tos is not None:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
     s.bind((a.bind, a.port))
     s.listen(1)
     print("listening", flush=True)
@@ -145,6 +151,54 @@ def craft(a):
     return 0
 
 
+SPOOFS = {
+    # kind: the copy of the real SYN-ACK (seq, ack, options kept) sent to the client
+    "badack": "hello option echoing the SYN's real nonce, ack = ISN + 1001 (the stack refuses it)",
+    "badnonce": "hello option with a wrong nonce, ack = ISN + 1 (the stack accepts it)",
+    "plain": "only the DSCP 12 mark, as a reflecting kernel or an AF12 socket sends it",
+}
+
+
+def spoof_synack(a):
+    from scapy.all import IP, TCP, AsyncSniffer, conf, send as scapy_send
+    conf.verb = 0
+    def handshake(p):  # (no libpcap here: a Python filter instead of BPF)
+        return TCP in p and p[TCP].flags & 0x02 and (not a.port or a.port in (p[TCP].sport, p[TCP].dport))
+    sniffer = AsyncSniffer(iface=a.iface, count=2, lfilter=handshake,
+                           started_callback=lambda: print("sniffing", flush=True))
+    sniffer.start()
+    sniffer.join(timeout=a.timeout)
+    seen = [p[IP] for p in (sniffer.results or [])]
+    syn = next((p for p in seen if p[TCP].flags == "S"), None)
+    synack = next((p for p in seen if syn is not None and p[TCP].flags == "SA" and p[TCP].sport == syn[TCP].dport
+                   and p[TCP].dport == syn[TCP].sport), None)
+    if syn is None or synack is None:
+        raise SystemExit(f"spoof-synack: no handshake seen: {seen!r}")
+    hello = next((v for k, v in syn[TCP].options if k == 253), None)
+    if hello is None:
+        raise SystemExit("spoof-synack: the client's SYN carried no hello option")
+    pkts = []
+    for kind in a.kinds.split(","):
+        p = IP(bytes(synack))
+        p.tos = 0x30
+        if kind == "badack":
+            p[TCP].ack += 1000
+            answer = bytes([hello[0], hello[1], 0x12]) + hello[3:]  # our settings, role ANSWER
+            p[TCP].options = [(253, answer)] + p[TCP].options
+        elif kind == "badnonce":
+            answer = bytes([hello[0], hello[1], 0x12]) + hello[3:8] + bytes(b ^ 0xA5 for b in hello[8:14])
+            p[TCP].options = [(253, answer)] + p[TCP].options
+        elif kind != "plain":
+            raise SystemExit(f"unknown spoof {kind!r}")
+        del p.len, p.chksum, p[TCP].chksum, p[TCP].dataofs
+        pkts.append(IP(bytes(p)))
+    for p in pkts:
+        scapy_send(p)
+        time.sleep(0.05)
+    print(f"spoofed {len(pkts)}", flush=True)
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="mode", required=True)
@@ -153,6 +207,7 @@ def main():
     r.add_argument("--port", type=int, required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--timeout", type=float, default=60)
+    r.add_argument("--tos", type=lambda t: int(t, 0))
     s = sub.add_parser("send")
     s.add_argument("--host", required=True)
     s.add_argument("--port", type=int, required=True)
@@ -168,8 +223,13 @@ def main():
     c.add_argument("--count", type=int, default=3)
     c.add_argument("--dport", type=int, default=5999)
     c.add_argument("--seed", type=int, default=1)
+    f = sub.add_parser("spoof-synack")
+    f.add_argument("--iface", required=True)
+    f.add_argument("--port", type=int, default=0, help="the server's port (default: the first SYN's)")
+    f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS)}")
+    f.add_argument("--timeout", type=float, default=30)
     a = p.parse_args()
-    return {"recv": recv, "send": send, "craft": craft}[a.mode](a)
+    return {"recv": recv, "send": send, "craft": craft, "spoof-synack": spoof_synack}[a.mode](a)
 
 
 if __name__ == "__main__":
