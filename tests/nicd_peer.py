@@ -105,7 +105,23 @@ KINDS = {
     "checksum": "drop_checksum",   # valid compressed payload, TCP checksum wrong
     "tiny_ip": "drop_malformed",   # IPv4 header only, protocol TCP, no TCP header
     "udp": None,                   # UDP with the compressed mark: not ours, never queued
+    "wrap": "drop_too_big",        # valid, restores to 65532-65535 bytes (wraps the netlink length)
+    "fits": "ingress_restored",    # the same at 65531 bytes, the largest a verdict can carry
 }
+
+
+def zeros_restoring_to(total: int) -> bytes:
+    """A valid compressed payload (no TCP options) whose restored IP packet is ``total`` bytes:
+    zero floats, tail bytes making up the rest."""
+    import numpy as np
+    from inceptionn.codecs._native import ffi, lib
+    n, tail = divmod(total - 40, 4)
+    out = ffi.new("uint8_t[]", n + 64)
+    x = np.zeros(n, np.float32)
+    slen = lib.inc_encode(ffi.from_buffer("float[]", x), n, -10, out, n + 64, 0)
+    assert slen > 0, slen
+    return shim(n, bytes(ffi.buffer(out, slen)) + b"T" * tail, ht=tail << 2)
+
 
 
 def craft(a):
@@ -141,6 +157,10 @@ def craft(a):
             pkts.append(pkt)
         elif k == "tiny_ip":
             pkts.append(IP(dst=a.dst, tos=0x2C, proto=6))
+        elif k == "wrap":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(65532 + i % 4)))
+        elif k == "fits":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(65531)))
         elif k == "udp":
             pkts.append(IP(dst=a.dst, tos=0x2C) / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
                         / Raw(shim(8, rnd.randbytes(20))))
