@@ -45,33 +45,59 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float) -> dict:
+def wait_established(host, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = host.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True)
+        if r.stdout.strip():
+            return
+        time.sleep(0.01)
+    raise UserError(f"no connection on port {port} after {timeout:.0f} s")
+
+
+def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float, on_connected=None) -> dict:
+    """One stream sender -> receiver; ``on_connected()`` runs once the connection is up."""
     peer = [sys.executable, "-m", "inceptionn.bench.stream_peer"]
     rx = receiver.popen(peer + ["recv", receiver.ip, str(PORT)], stdout=subprocess.PIPE, text=True)
+    tx = None
     try:
         if rx.stdout.readline().strip() != "ready":
             raise UserError("benchmark receiver did not start")
-        sender.run(peer + ["send", receiver.ip, str(PORT), path, str(reps), hex(tos)], check=True, timeout=timeout)
+        tx = sender.popen(peer + ["send", receiver.ip, str(PORT), path, str(reps), hex(tos)])
+        if on_connected:
+            wait_established(receiver, PORT)
+            on_connected()
+        if tx.wait(timeout=timeout) != 0:
+            raise UserError("benchmark sender failed")
         out, _ = rx.communicate(timeout=timeout)
         return json.loads(out)
     finally:
-        if rx.poll() is None:
-            rx.kill()
+        for p in (tx, rx):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float, timeout: float) -> tuple[dict, int]:
-    """A tagged transfer while ``attacker`` floods the receiver's port with spoofed hellos;
+    """A tagged transfer while ``attacker`` floods the receiver's port with spoofed hellos,
+    from the moment the connection is up (one opened during a flood gets the kernel's SYN
+    cookies, which clamp its MSS and window: that measures the kernel, not the soft NIC);
     returns its result and how many SYNs were sent."""
     f = attacker.popen([sys.executable, "-m", "inceptionn.bench.synflood", "--dst", receiver.ip, "--dport", str(PORT),
-                        "--until-killed", "--rate", str(pps), "--exclude", sender.ip, "--exclude", attacker.ip],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                        "--until-killed", "--wait-go", "--rate", str(pps), "--exclude", sender.ip,
+                        "--exclude", attacker.ip],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def go():
+        f.stdin.write("go\n")
+        f.stdin.flush()
     try:
-        if f.stdout.readline().strip() != "flooding":
+        if f.stdout.readline().strip() != "ready":
             raise UserError(f"the SYN flood did not start: {f.stderr.read().strip()}")
-        result = transfer(sender, receiver, path, reps, 0x28, timeout)
+        result = transfer(sender, receiver, path, reps, 0x28, timeout, on_connected=go)
         f.terminate()
         out, _ = f.communicate(timeout=30)
-        return result, int(out.split()[-1])
+        return result, int(out.split()[-1])  # "flooding", then "sent N"
     finally:
         if f.poll() is None:
             f.kill()

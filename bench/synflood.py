@@ -4,8 +4,10 @@ random nonces, from random testbed sources and ports unless given, sent from a r
 
     python -m inceptionn.bench.synflood --dst IP --dport P [--count N | --until-killed]
         [--rate PPS] [--src IP] [--sport P] [--synack --ack N] [--error-bound K] [--seed S]
+        [--wait-go]
 
-Prints "sent N" when done (also on SIGTERM). Addresses must lie in the testbed range
+Prints "flooding" when it starts (with --wait-go: "ready" once the packets are built, then it
+waits for a line on stdin) and "sent N" when done (also on SIGTERM). Addresses must lie in the testbed range
 198.18.0.0/15: run it only inside a testbed host.
 """
 from __future__ import annotations
@@ -77,6 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--ack", type=int, help="acknowledgment number (default random for --synack)")
     p.add_argument("--error-bound", type=int, default=-10)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--wait-go", action="store_true", help="build, print \"ready\", start on a line on stdin")
     a = p.parse_args(argv)
     in_testbed(a.dst, "destination")
     if a.src:
@@ -95,6 +98,9 @@ def main(argv=None) -> int:
         stop = True
     signal.signal(signal.SIGTERM, on_term)
     s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)  # IP_HDRINCL implied
+    if a.wait_go:
+        print("ready", flush=True)
+        sys.stdin.readline()
     sent, t0 = 0, time.monotonic()
     print("flooding", flush=True)
     while not stop and (not a.count or sent < a.count):
