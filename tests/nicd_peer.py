@@ -1,10 +1,10 @@
 """Helper program the soft-NIC end-to-end tests (tests/test_nicd.py) run inside testbed hosts.
 
-    recv  --bind IP --port P --out FILE [--tos 0x30]
+    recv  --bind IP --port P --out FILE [--tos 0x30] [--md5-peer IP]
           listen, print "listening", accept one connection and append what arrives to FILE,
           flushing after every read (the test watches FILE grow), until the peer closes.
           --tos marks the listening socket (its SYN-ACKs) and so the accepted one.
-    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE]
+    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE] [--md5-peer IP]
           connect (IP_TOS and TCP_MAXSEG set before connect), send FILE; with --pause-at, send
           the first N bytes, print "paused", wait until the file --go exists, send the rest.
           Then half-close and wait for the receiver to close: exit 0 means all was delivered.
@@ -24,8 +24,21 @@ import sys
 import time
 
 
+TCP_MD5SIG = 14  # linux/tcp.h
+
+
+def set_md5(s, peer: str, key: bytes = b"inceptionn-test") -> None:
+    """RFC 2385 signatures with ``peer`` (struct tcp_md5sig): the SYN then has no room left for
+    the hello option (MD5 takes 20 option bytes, and Linux drops timestamps for it)."""
+    addr = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 0) + socket.inet_aton(peer)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_MD5SIG,
+                 addr.ljust(128, b"\0") + struct.pack("=BBHi", 0, 0, len(key), 0) + key.ljust(80, b"\0"))
+
+
 def recv(a):
     s = socket.socket()
+    if a.md5_peer:
+        set_md5(s, a.md5_peer)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if a.tos is not None:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
@@ -49,6 +62,8 @@ def recv(a):
 def send(a):
     data = open(a.data, "rb").read()
     s = socket.socket()
+    if a.md5_peer:
+        set_md5(s, a.md5_peer)
     s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
     if a.mss:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
@@ -228,6 +243,7 @@ def main():
     r.add_argument("--out", required=True)
     r.add_argument("--timeout", type=float, default=60)
     r.add_argument("--tos", type=lambda t: int(t, 0))
+    r.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
     s = sub.add_parser("send")
     s.add_argument("--host", required=True)
     s.add_argument("--port", type=int, required=True)
@@ -237,6 +253,7 @@ def main():
     s.add_argument("--pause-at", type=int)
     s.add_argument("--go")
     s.add_argument("--timeout", type=float, default=60)
+    s.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
     c = sub.add_parser("craft")
     c.add_argument("--dst", required=True)
     c.add_argument("--kinds", required=True, help=f"comma-separated, from {', '.join(KINDS)}")

@@ -174,32 +174,52 @@ def test_server_kernel_reflecting_the_hello_mark_stays_raw(tmp_path, small):
     assert c1["hello_without_option"] >= 1 and c1["hello_unmatched"] == 0
 
 
+def run_pair(h_send, h_recv, data: bytes, tmp_path, recv_args=(), send_args=(), port=5900) -> bytes:
+    """One tagged transfer with extra nicd_peer flags on either side; returns what arrived."""
+    out, src = tmp_path / f"pair{port}.bin", tmp_path / f"pair{port}-src.bin"
+    src.write_bytes(data)
+    rx = h_recv.popen([PY, PEER, "recv", "--bind", h_recv.ip, "--port", port, "--out", out, *recv_args],
+                      stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout.readline().strip() == "listening"
+        r = h_send.run([PY, PEER, "send", "--host", h_recv.ip, "--port", port, "--data", src, *send_args],
+                       capture_output=True, text=True, timeout=90)
+        assert r.returncode == 0, r.stderr
+        assert rx.wait(timeout=60) == 0
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+            rx.wait()
+    return out.read_bytes()
+
+
 @needs_root
 def test_server_socket_marking_af12_stays_raw(tmp_path, small):
     """No nicd on the server; its listening socket uses ToS 0x30 (AF12 = the hello mark)."""
     data = small[:200_000].tobytes()
-    port = 5900
-    out = tmp_path / "af12.bin"
-    src = tmp_path / "af12-src.bin"
-    src.write_bytes(data)
     with make_testbed() as tb:
         h1, h2 = tb.hosts
         with running_nicd(h1, tmp_path) as d1:
-            rx = h2.popen([PY, PEER, "recv", "--bind", h2.ip, "--port", port, "--out", out, "--tos", "0x30"],
-                          stdout=subprocess.PIPE, text=True)
-            try:
-                assert rx.stdout.readline().strip() == "listening"
-                r = h1.run([PY, PEER, "send", "--host", h2.ip, "--port", port, "--data", src], capture_output=True,
-                           text=True, timeout=90)
-                assert r.returncode == 0, r.stderr
-                assert rx.wait(timeout=60) == 0
-            finally:
-                if rx.poll() is None:
-                    rx.kill()
+            got = run_pair(h1, h2, data, tmp_path, recv_args=["--tos", "0x30"])
             c1 = d1.counters()
-    assert out.read_bytes() == data
+    assert got == data
     assert_raw(c1)
     assert c1["hello_without_option"] >= 1
+
+
+@needs_root
+def test_syn_without_option_room_stays_raw(tmp_path, small):
+    """TCP MD5 signatures on both ends: the SYN's options leave no 16 bytes for the hello, so it
+    leaves unmarked and the flow stays raw, although both ends run nicd."""
+    data = small[:200_000].tobytes()
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            got = run_pair(h1, h2, data, tmp_path, recv_args=["--md5-peer", h1.ip], send_args=["--md5-peer", h2.ip])
+            c1, c2 = d1.counters(), d2.counters()
+    assert got == data
+    assert_raw(c1, c2)
+    assert c1["hello_no_room"] == 1 and c1["hello_sent"] == 0 and c2["hello_received"] == 0, hello_counts(c1)
 
 
 @needs_root
