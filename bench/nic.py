@@ -261,6 +261,9 @@ def add_arguments(p) -> None:
                    help="comma-separated RATE@MTU (RATE 'unshaped' for the ceiling); default: 100 Mbit and "
                    "1 Gbit at MTU 1500 and 9000, and unshaped")
     p.add_argument("--error-bound", type=int, default=-10, help="error bound exponent (default -10)")
+    p.add_argument("--flood", type=float, default=0, metavar="PPS",
+                   help="also measure each link while a third host sends PPS spoofed hello SYNs per second "
+                   "to the receiver (e.g. 20000; default 0: no flood)")
     p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
                    help="gradients as the collective sends them (scaled per 64K bucket, default) or raw")
     p.add_argument("--megabytes", type=float, default=50,
@@ -269,8 +272,5 @@ def add_arguments(p) -> None:
     p.add_argument("--captures", type=int, default=8, help="gradients captured (default 8, 25 MB)")
     p.add_argument("--data", metavar="PATH", help="MNIST to train on (default: digits)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--flood", type=float, default=0, metavar="PPS",
-                   help="also measure each link while a third host sends PPS spoofed hello SYNs per second "
-                   "to the receiver (e.g. 20000; default 0: no flood)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
