@@ -164,7 +164,8 @@ def test_spoofed_hello_flood_while_a_compressed_flow_runs(tmp_path, grads):
             count_handshakes_on_arrival(h)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             # pause on a float boundary: the segments after it stay aligned, no float straddles two
-            t = Transfer(h1, h2, data, tmp_path, pause_at=len(data) // 16 * 4, timeout=180)
+            pause_at = len(data) // 16 * 4
+            t = Transfer(h1, h2, data, tmp_path, pause_at=pause_at, timeout=180)
             floods = []
             try:
                 t.wait_paused()
@@ -207,7 +208,9 @@ def test_spoofed_hello_flood_while_a_compressed_flow_runs(tmp_path, grads):
     assert_words_equal(got, recon(grads, -10).tobytes(), "the flow under the flood")
     assert d1c["egress_raw_not_negotiated"] == 0, report
     assert d1c["egress_compressed"] > 0 and e1["flows_negotiated"] == 1, report
-    assert d2c["ingress_restored"] == d1c["egress_compressed"], report
+    # (the flood shares the shaped link: a compressed packet may be lost there and sent again)
+    assert 0 < d2c["ingress_restored"] <= d1c["egress_compressed"], report
+    assert d2c["ingress_orig_bytes"] + d1c["egress_raw_bytes"] >= len(data) - pause_at, report
     # the flood reached h2 and cost only half-open hellos, all counted
     assert sent[0] == n_flood and arrived2["syn"] >= 0.9 * n_flood, report
     assert d2c["hello_received"] + lost2 == arrived2["syn"], report
