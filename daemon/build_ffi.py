@@ -31,11 +31,19 @@ def counter_names():
 
 
 CDEF = """
-enum { NICD_HDR_LEN = 10, NICD_MAX_PACKET = 65535 };
+enum { NICD_HDR_LEN = 10, NICD_MAX_PACKET = 65535, NICD_MAX_VERDICT = 65531, NICD_OPT_LEN = 16,
+       NICD_NONCE_LEN = 6 };
 struct nicd_pkt {
     const uint8_t *ip; size_t len; size_t ihl; size_t thl; size_t payload_off; size_t payload_len;
-    uint32_t saddr, daddr; uint16_t sport, dport; uint32_t seq; uint8_t tcp_flags; uint8_t tos;
+    uint32_t saddr, daddr; uint16_t sport, dport; uint32_t seq, ack; uint8_t tcp_flags; uint8_t tos;
 };
+struct nicd_hello_opt {
+    uint8_t version, role, codec, tos_compressed, orig_tos; int8_t error_bound; uint8_t nonce[6];
+};
+int nicd_find_option(const struct nicd_pkt *p, struct nicd_hello_opt *o);
+ptrdiff_t nicd_add_option(const struct nicd_pkt *p, const struct nicd_hello_opt *o, uint8_t tos,
+                          uint8_t *out, size_t cap);
+ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, uint8_t *out, size_t cap);
 int nicd_parse(const uint8_t *buf, size_t caplen, struct nicd_pkt *p);
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
                         uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
@@ -46,7 +54,7 @@ const char *nicd_strerror(int result);
 
 int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s);
 void nicd_flows_free(void);
-uint32_t nicd_flows_expire(uint32_t *active);
+uint32_t nicd_flows_expire(uint32_t *active, uint32_t *hellos);
 
 struct nicd_config {
     uint16_t egress_queue, ingress_queue;

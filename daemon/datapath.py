@@ -69,8 +69,9 @@ class Datapath:
         lib.nicd_flows_free()
 
     def expire_flows(self) -> tuple[int, int]:
+        """Drop idle flows and stale hellos; (flows expired, negotiated flows active)."""
         active = ffi.new("uint32_t *")
-        expired = lib.nicd_flows_expire(active)
+        expired = lib.nicd_flows_expire(active, ffi.NULL)
         return int(expired), int(active[0])
 
     def snapshot(self) -> dict:

@@ -1,21 +1,47 @@
-/* Open-addressing flow table (linear probing, backward-shift deletion), one mutex. */
+/* The soft NIC's flow tables (see nicd_flows.h): negotiated flows in an open-addressing table
+ * (linear probing, backward-shift deletion), hellos in a bounded set-associative table. */
+#define _GNU_SOURCE
 #include "nicd_flows.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+
+#define HELLO_WAYS 8
+#define HELLO_TIMEOUT_S 75 /* past the SYN retransmissions that matter; each one refreshes it */
 
 struct slot {
     struct nicd_flow_key key;
     uint32_t isn;
     uint32_t last_seen; /* monotonic seconds */
-    uint8_t state;      /* NICD_FLOW_NONE marks an empty slot */
+    uint8_t used;
+};
+
+struct hslot {
+    struct nicd_flow_key key;
+    struct nicd_hello h; /* h.state NONE marks a free way */
+    uint32_t born;       /* monotonic milliseconds, for eviction and expiry */
 };
 
 static struct slot *slots;
 static uint32_t mask, count, idle_timeout;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct hslot *hellos;
+static uint32_t hello_sets; /* a power of two */
+static volatile uint32_t hello_used;
+static pthread_mutex_t hello_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint8_t table_key[16], nonce_key[16];
+
+static uint32_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint32_t)((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+}
 
 static uint32_t now_s(void)
 {
@@ -24,11 +50,76 @@ static uint32_t now_s(void)
     return (uint32_t)ts.tv_sec;
 }
 
-static uint32_t hash(const struct nicd_flow_key *k)
+/* ---- SipHash-2-4 (Aumasson and Bernstein), over short inputs ------------------------------- */
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                 \
+    do {                                                                                         \
+        v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);                                \
+        v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                                                   \
+        v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                                                   \
+        v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);                                \
+    } while (0)
+
+static uint64_t le64(const uint8_t *b)
 {
-    uint64_t h = ((uint64_t)k->saddr << 32 | k->daddr) * 0x9E3779B97F4A7C15ull;
-    h ^= ((uint64_t)k->sport << 16 | k->dport) * 0xC2B2AE3D27D4EB4Full;
-    return (uint32_t)(h >> 32);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | b[i];
+    return v;
+}
+
+static uint64_t siphash(const uint8_t key[16], const uint8_t *in, size_t len)
+{
+    uint64_t k0 = le64(key), k1 = le64(key + 8);
+    uint64_t v0 = 0x736f6d6570736575ull ^ k0, v1 = 0x646f72616e646f6dull ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ull ^ k0, v3 = 0x7465646279746573ull ^ k1;
+    size_t left = len & 7;
+    const uint8_t *end = in + len - left;
+    for (; in != end; in += 8) {
+        uint64_t m = le64(in);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    uint64_t b = (uint64_t)len << 56;
+    for (size_t i = 0; i < left; i++)
+        b |= (uint64_t)in[i] << (8 * i);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static size_t key_bytes(const struct nicd_flow_key *k, uint8_t b[16])
+{
+    memcpy(b, &k->saddr, 4);
+    memcpy(b + 4, &k->daddr, 4);
+    memcpy(b + 8, &k->sport, 2);
+    memcpy(b + 10, &k->dport, 2);
+    return 12;
+}
+
+static uint64_t hash(const struct nicd_flow_key *k)
+{
+    uint8_t b[16];
+    return siphash(table_key, b, key_bytes(k, b));
+}
+
+void nicd_flows_nonce(const struct nicd_flow_key *k, uint32_t isn, uint8_t nonce[NICD_NONCE_LEN])
+{
+    uint8_t b[16];
+    size_t n = key_bytes(k, b);
+    memcpy(b + n, &isn, 4);
+    uint64_t h = siphash(nonce_key, b, n + 4);
+    memcpy(nonce, &h, NICD_NONCE_LEN);
 }
 
 static int same(const struct nicd_flow_key *a, const struct nicd_flow_key *b)
@@ -37,20 +128,47 @@ static int same(const struct nicd_flow_key *a, const struct nicd_flow_key *b)
            a->dport == b->dport;
 }
 
+static int random_bytes(uint8_t *b, size_t n)
+{
+    while (n) {
+        ssize_t r = getrandom(b, n, 0);
+        if (r <= 0)
+            return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
 int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s)
 {
     uint32_t cap = 64;
     while (cap < capacity && cap < (1u << 24))
         cap <<= 1;
+    uint32_t hcap = cap / 16;
+    hcap = hcap < 256 ? 256 : hcap > 16384 ? 16384 : hcap;
+    uint8_t keys[32];
     struct slot *s = calloc(cap, sizeof *s);
-    if (!s)
+    struct hslot *h = calloc(hcap, sizeof *h);
+    if (!s || !h || random_bytes(keys, sizeof keys) < 0) {
+        free(s);
+        free(h);
         return -1;
+    }
     pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&hello_lock);
+    memcpy(table_key, keys, 16);
+    memcpy(nonce_key, keys + 16, 16);
     free(slots);
     slots = s;
     mask = cap - 1;
     count = 0;
     idle_timeout = idle_timeout_s;
+    free(hellos);
+    hellos = h;
+    hello_sets = hcap / HELLO_WAYS;
+    hello_used = 0;
+    pthread_mutex_unlock(&hello_lock);
     pthread_mutex_unlock(&lock);
     return 0;
 }
@@ -58,17 +176,24 @@ int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s)
 void nicd_flows_free(void)
 {
     pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&hello_lock);
     free(slots);
     slots = NULL;
     mask = count = 0;
+    free(hellos);
+    hellos = NULL;
+    hello_sets = hello_used = 0;
+    pthread_mutex_unlock(&hello_lock);
     pthread_mutex_unlock(&lock);
 }
+
+/* ---- negotiated flows --------------------------------------------------------------------- */
 
 /* Index of the key's slot, or of the empty slot where it would go. Caller holds the lock. */
 static uint32_t find(const struct nicd_flow_key *k)
 {
-    uint32_t i = hash(k) & mask;
-    while (slots[i].state != NICD_FLOW_NONE && !same(&slots[i].key, k))
+    uint32_t i = (uint32_t)hash(k) & mask;
+    while (slots[i].used && !same(&slots[i].key, k))
         i = (i + 1) & mask;
     return i;
 }
@@ -79,15 +204,15 @@ static void erase(uint32_t i)
     uint32_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        if (slots[j].state == NICD_FLOW_NONE)
+        if (!slots[j].used)
             break;
-        uint32_t home = hash(&slots[j].key) & mask;
+        uint32_t home = (uint32_t)hash(&slots[j].key) & mask;
         if (((j - home) & mask) >= ((j - i) & mask)) {
             slots[i] = slots[j];
             i = j;
         }
     }
-    slots[i].state = NICD_FLOW_NONE;
+    slots[i].used = 0;
     count--;
 }
 
@@ -96,20 +221,17 @@ static int expired(const struct slot *s, uint32_t now)
     return now - s->last_seen > idle_timeout;
 }
 
-int nicd_flows_put(const struct nicd_flow_key *k, enum nicd_flow_state st, uint32_t isn)
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn)
 {
     int rc = -1;
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k);
         /* Keep the table at most 3/4 full so probe chains stay short. */
-        if (slots[i].state != NICD_FLOW_NONE || count < (mask + 1) / 4 * 3) {
-            if (slots[i].state == NICD_FLOW_NONE)
+        if (slots[i].used || count < (mask + 1) / 4 * 3) {
+            if (!slots[i].used)
                 count++;
-            slots[i].key = *k;
-            slots[i].state = (uint8_t)st;
-            slots[i].isn = isn;
-            slots[i].last_seen = now_s();
+            slots[i] = (struct slot){.key = *k, .isn = isn, .last_seen = now_s(), .used = 1};
             rc = 0;
         }
     }
@@ -117,53 +239,139 @@ int nicd_flows_put(const struct nicd_flow_key *k, enum nicd_flow_state st, uint3
     return rc;
 }
 
-enum nicd_flow_state nicd_flows_get(const struct nicd_flow_key *k, uint32_t *isn)
+int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn)
 {
-    enum nicd_flow_state st = NICD_FLOW_NONE;
+    int found = 0;
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k), now = now_s();
-        if (slots[i].state != NICD_FLOW_NONE) {
+        if (slots[i].used) {
             if (expired(&slots[i], now)) {
                 erase(i);
             } else {
-                st = (enum nicd_flow_state)slots[i].state;
                 *isn = slots[i].isn;
                 slots[i].last_seen = now;
+                found = 1;
             }
         }
     }
     pthread_mutex_unlock(&lock);
-    return st;
+    return found;
 }
 
-int nicd_flows_advance(const struct nicd_flow_key *k, enum nicd_flow_state from,
-                       enum nicd_flow_state to, uint32_t isn, int set_isn)
+void nicd_flows_forget(const struct nicd_flow_key *k)
 {
-    int done = 0;
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k);
-        if (slots[i].state == (uint8_t)from && !expired(&slots[i], now_s())) {
-            slots[i].state = (uint8_t)to;
-            if (set_isn)
-                slots[i].isn = isn;
-            slots[i].last_seen = now_s();
-            done = 1;
-        }
+        if (slots[i].used)
+            erase(i);
     }
     pthread_mutex_unlock(&lock);
-    return done;
 }
 
-uint32_t nicd_flows_expire(uint32_t *active)
+/* ---- hellos ------------------------------------------------------------------------------- */
+
+static struct hslot *hello_set(const struct nicd_flow_key *k)
+{
+    return hellos + ((uint32_t)(hash(k) >> 32) & (hello_sets - 1)) * HELLO_WAYS;
+}
+
+static struct hslot *hello_find(struct hslot *set, const struct nicd_flow_key *k)
+{
+    for (int w = 0; w < HELLO_WAYS; w++)
+        if (set[w].h.state != NICD_HELLO_NONE && same(&set[w].key, k))
+            return &set[w];
+    return NULL;
+}
+
+static int hello_expired(const struct hslot *s, uint32_t now)
+{
+    return now - s->born > HELLO_TIMEOUT_S * 1000u;
+}
+
+int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h)
+{
+    int evicted = 0;
+    pthread_mutex_lock(&hello_lock);
+    if (hellos) {
+        struct hslot *set = hello_set(k), *s = hello_find(set, k);
+        uint32_t now = now_ms();
+        if (!s) {
+            /* A free way, else the oldest hello a peer created (their SYNs cost nothing to
+             * spoof), else the oldest of ours. */
+            struct hslot *peer = NULL, *mine = NULL;
+            for (int w = 0; w < HELLO_WAYS && !s; w++) {
+                struct hslot *c = &set[w];
+                if (c->h.state == NICD_HELLO_NONE || hello_expired(c, now)) {
+                    if (c->h.state == NICD_HELLO_NONE)
+                        hello_used++;
+                    s = c;
+                } else if (c->h.state == NICD_HELLO_SENT) {
+                    if (!mine || (int32_t)(c->born - mine->born) < 0)
+                        mine = c;
+                } else if (!peer || (int32_t)(c->born - peer->born) < 0) {
+                    peer = c;
+                }
+            }
+            if (!s) {
+                s = peer ? peer : mine;
+                evicted = 1;
+            }
+        }
+        s->key = *k;
+        s->h = *h;
+        s->born = now;
+    }
+    pthread_mutex_unlock(&hello_lock);
+    return evicted;
+}
+
+int nicd_hello_get(const struct nicd_flow_key *k, struct nicd_hello *h)
+{
+    int found = 0;
+    memset(h, 0, sizeof *h);
+    pthread_mutex_lock(&hello_lock);
+    if (hellos) {
+        struct hslot *s = hello_find(hello_set(k), k);
+        if (s && !hello_expired(s, now_ms())) {
+            *h = s->h;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&hello_lock);
+    return found;
+}
+
+int nicd_hello_take(const struct nicd_flow_key *k, enum nicd_hello_state state, uint32_t isn)
+{
+    int taken = 0;
+    pthread_mutex_lock(&hello_lock);
+    if (hellos) {
+        struct hslot *s = hello_find(hello_set(k), k);
+        if (s && s->h.state == (uint8_t)state && s->h.isn == isn) {
+            s->h.state = NICD_HELLO_NONE;
+            hello_used--;
+            taken = 1;
+        }
+    }
+    pthread_mutex_unlock(&hello_lock);
+    return taken;
+}
+
+uint32_t nicd_hello_count(void)
+{
+    return __atomic_load_n(&hello_used, __ATOMIC_RELAXED);
+}
+
+uint32_t nicd_flows_expire(uint32_t *active, uint32_t *in_flight)
 {
     uint32_t n = 0;
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t now = now_s();
         for (uint32_t i = 0; i <= mask;) {
-            if (slots[i].state != NICD_FLOW_NONE && expired(&slots[i], now)) {
+            if (slots[i].used && expired(&slots[i], now)) {
                 erase(i); /* a later entry may shift into i: look at it again */
                 n++;
             } else {
@@ -174,5 +382,19 @@ uint32_t nicd_flows_expire(uint32_t *active)
     if (active)
         *active = count;
     pthread_mutex_unlock(&lock);
+
+    pthread_mutex_lock(&hello_lock);
+    if (hellos) {
+        uint32_t now = now_ms();
+        for (uint32_t i = 0; i < hello_sets * HELLO_WAYS; i++) {
+            if (hellos[i].h.state != NICD_HELLO_NONE && hello_expired(&hellos[i], now)) {
+                hellos[i].h.state = NICD_HELLO_NONE;
+                hello_used--;
+            }
+        }
+    }
+    if (in_flight)
+        *in_flight = hello_used;
+    pthread_mutex_unlock(&hello_lock);
     return n;
 }

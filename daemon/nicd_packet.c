@@ -162,6 +162,7 @@ int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
     p->sport = (uint16_t)((t[0] << 8) | t[1]);
     p->dport = (uint16_t)((t[2] << 8) | t[3]);
     p->seq = ((uint32_t)t[4] << 24) | ((uint32_t)t[5] << 16) | ((uint32_t)t[6] << 8) | t[7];
+    p->ack = ((uint32_t)t[8] << 24) | ((uint32_t)t[9] << 16) | ((uint32_t)t[10] << 8) | t[11];
     p->tcp_flags = t[13];
     p->tos = b[1];
     return NICD_OK;
@@ -191,8 +192,9 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
         return NICD_TOO_SHORT;
     size_t fixed = NICD_HDR_LEN + head + tail;
     /* Never bigger: the stream must fit in what is left of the original payload minus one byte.
-     * inc_encode fails with INC_E_SPACE as soon as it cannot, so this costs no extra pass. */
-    if (plen <= fixed + 2 || cap < p->len)
+     * inc_encode fails with INC_E_SPACE as soon as it cannot, so this costs no extra pass.
+     * A packet the receiver could not hand back restored (over NICD_MAX_VERDICT) stays raw. */
+    if (plen <= fixed + 2 || cap < p->len || p->len > NICD_MAX_VERDICT)
         return NICD_NOT_SMALLER;
     size_t budget = plen - 1 - fixed;
 
@@ -246,7 +248,7 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
     if (payload_crc(c, clen) != crc)
         return NICD_E_CRC;
     size_t len = p->payload_off + head + 4 * n + tail;
-    if (len > NICD_MAX_PACKET || len > cap)
+    if (len > NICD_MAX_VERDICT || len > cap)
         return NICD_E_SPACE;
     const uint8_t *stream = c + NICD_HDR_LEN + head;
     size_t slen = clen - NICD_HDR_LEN - head - tail;
@@ -257,6 +259,83 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
     memcpy(d, c + NICD_HDR_LEN, head);
     memcpy(d + head, scratch, 4 * n);
     memcpy(d + head + 4 * n, stream + slen, tail);
+    finish_packet(out, len, tos);
+    return (ptrdiff_t)len;
+}
+
+/* ---- the hello option -------------------------------------------------------------------- */
+
+int nicd_find_option(const struct nicd_pkt *p, struct nicd_hello_opt *o)
+{
+    const uint8_t *t = p->ip + p->ihl;
+    size_t i = 20;
+    while (i < p->thl) {
+        uint8_t kind = t[i];
+        if (kind == 0) /* end of option list */
+            return 0;
+        if (kind == 1) { /* NOP */
+            i++;
+            continue;
+        }
+        if (i + 2 > p->thl || t[i + 1] < 2 || i + t[i + 1] > p->thl)
+            return NICD_E_TCP;
+        if (kind == NICD_OPT_KIND && t[i + 1] == NICD_OPT_LEN &&
+            (((unsigned)t[i + 2] << 8) | t[i + 3]) == NICD_OPT_EXID && t[i + 9] == 0) {
+            const uint8_t *b = t + i;
+            o->version = b[4] >> 4;
+            o->role = b[4] & 15;
+            o->codec = b[5];
+            o->error_bound = (int8_t)b[6];
+            o->tos_compressed = b[7];
+            o->orig_tos = b[8];
+            memcpy(o->nonce, b + 10, NICD_NONCE_LEN);
+            return (int)i;
+        }
+        i += t[i + 1];
+    }
+    return 0;
+}
+
+ptrdiff_t nicd_add_option(const struct nicd_pkt *p, const struct nicd_hello_opt *o, uint8_t tos,
+                          uint8_t *out, size_t cap)
+{
+    size_t len = p->len + NICD_OPT_LEN;
+    if (p->payload_len || p->thl + NICD_OPT_LEN > 60 || len > cap || len > NICD_MAX_VERDICT)
+        return NICD_E_SPACE;
+    size_t opts = p->ihl + 20;
+    memcpy(out, p->ip, opts);
+    uint8_t *b = out + opts;
+    b[0] = NICD_OPT_KIND;
+    b[1] = NICD_OPT_LEN;
+    b[2] = NICD_OPT_EXID >> 8;
+    b[3] = NICD_OPT_EXID & 0xFF;
+    b[4] = (uint8_t)(o->version << 4 | (o->role & 15));
+    b[5] = o->codec;
+    b[6] = (uint8_t)o->error_bound;
+    b[7] = o->tos_compressed;
+    b[8] = o->orig_tos;
+    b[9] = 0;
+    memcpy(b + 10, o->nonce, NICD_NONCE_LEN);
+    memcpy(b + NICD_OPT_LEN, p->ip + opts, p->len - opts);
+    uint8_t *t = out + p->ihl;
+    t[12] = (uint8_t)((((p->thl + NICD_OPT_LEN) / 4) << 4) | (t[12] & 15));
+    finish_packet(out, len, tos);
+    return (ptrdiff_t)len;
+}
+
+ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, uint8_t *out,
+                            size_t cap)
+{
+    if (off < 20 || off + NICD_OPT_LEN > p->thl || p->len > cap)
+        return NICD_E_TCP;
+    /* As in nicd_restore: the fresh checksum written below must not launder a corrupted one. */
+    if (fold(sum_le(p->ip + p->ihl, p->len - p->ihl, pseudo_header(p->ip, p->len - p->ihl))) != 0xFFFF)
+        return NICD_E_CHECKSUM;
+    size_t at = p->ihl + off, len = p->len - NICD_OPT_LEN;
+    memcpy(out, p->ip, at);
+    memcpy(out + at, p->ip + at + NICD_OPT_LEN, p->len - at - NICD_OPT_LEN);
+    uint8_t *t = out + p->ihl;
+    t[12] = (uint8_t)((((p->thl - NICD_OPT_LEN) / 4) << 4) | (t[12] & 15));
     finish_packet(out, len, tos);
     return (ptrdiff_t)len;
 }

@@ -24,6 +24,9 @@
 #define NICD_VERSION 1
 #define NICD_CODEC_INCEPTIONN 1
 #define NICD_MAX_PACKET 65535
+/* Largest packet a verdict can carry: the netlink attribute length is 16 bits and counts its own
+ * 4-byte header, so 65532-65535 bytes would wrap it (the kernel then keeps the old packet). */
+#define NICD_MAX_VERDICT (NICD_MAX_PACKET - 4)
 
 /* Why a packet was not transformed, or was dropped. Positive values are not errors. */
 enum nicd_result {
@@ -37,7 +40,8 @@ enum nicd_result {
     NICD_E_HEADER = -5,     /* shim header malformed (magic, version, codec, reserved bits) */
     NICD_E_CRC = -6,        /* CRC32C mismatch: corrupted in transit */
     NICD_E_DECODE = -7,     /* group stream malformed */
-    NICD_E_SPACE = -8,      /* restored packet would exceed 65535 bytes or the buffer */
+    NICD_E_SPACE = -8,      /* result would exceed NICD_MAX_VERDICT bytes or the buffer; or no
+                               room for the hello option */
 };
 
 /* A parsed IPv4/TCP packet; ports and seq in host order, addresses as on the wire. */
@@ -50,7 +54,7 @@ struct nicd_pkt {
     size_t payload_len;
     uint32_t saddr, daddr;
     uint16_t sport, dport;
-    uint32_t seq;
+    uint32_t seq, ack;
     uint8_t tcp_flags;
     uint8_t tos;
 };
@@ -74,6 +78,43 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
  */
 ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size_t cap,
                        float *scratch);
+
+/*
+ * The hello option: TCP option kind 253 (RFC 6994 experimental, 16-bit ExID) on handshakes.
+ * A SYN carries role HELLO with the sender's settings and a per-flow nonce; the answering
+ * SYN-ACK carries role ANSWER, the same nonce and the answerer's settings. Layout (16 bytes):
+ *   0 kind 253   1 length 16   2-3 ExID 0x494E ("IN")   4 version (high nibble) | role (low)
+ *   5 codec      6 error bound (int8)   7 tos_compressed   8 the packet's original ToS
+ *   9 zero       10-15 nonce
+ * It is inserted first in the option list (so no EOL can hide it) and removed again, byte for
+ * byte, by the receiving soft NIC before its stack sees the packet.
+ */
+#define NICD_OPT_KIND 253
+#define NICD_OPT_LEN 16
+#define NICD_OPT_EXID 0x494E
+#define NICD_NONCE_LEN 6
+enum { NICD_ROLE_HELLO = 1, NICD_ROLE_ANSWER = 2 };
+
+struct nicd_hello_opt {
+    uint8_t version, role, codec, tos_compressed, orig_tos;
+    int8_t error_bound;
+    uint8_t nonce[NICD_NONCE_LEN];
+};
+
+/* Look for the hello option in p's TCP options. Returns its offset from the start of the TCP
+ * header (> 0) with *o filled, 0 if absent, or NICD_E_TCP if the option list is malformed. */
+int nicd_find_option(const struct nicd_pkt *p, struct nicd_hello_opt *o);
+
+/* Write p to out with the hello option inserted before its other options and the ToS byte set
+ * to tos, checksums fixed. Returns the new length, or NICD_E_SPACE when the TCP header has no
+ * 16 bytes left (SYNs with MD5, MPTCP or Fast Open options) or the packet carries data. */
+ptrdiff_t nicd_add_option(const struct nicd_pkt *p, const struct nicd_hello_opt *o, uint8_t tos,
+                          uint8_t *out, size_t cap);
+
+/* Write p to out without the hello option found at `off` (nicd_find_option), ToS set to tos.
+ * Verifies the TCP checksum first (NICD_E_CHECKSUM), as restoring does. Returns the length. */
+ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, uint8_t *out,
+                            size_t cap);
 
 /* Rewrite the ToS byte of an IPv4 packet in place and fix the header checksum. */
 void nicd_set_tos(uint8_t *ip, uint8_t tos);

@@ -90,6 +90,10 @@ static int verdict(struct nfq_q_handle *qh, uint32_t id, uint32_t v, const uint8
 {
     (void)qh;
     static const uint8_t pad[4];
+    if (buf && len > NICD_MAX_VERDICT) { /* its attribute length would wrap: never send it */
+        COUNT(cx, VERDICT_ERRORS, 1);
+        buf = NULL, len = 0, v = NF_DROP;
+    }
     struct verdict_msg *m = &cx->msg[cx->n];
     size_t hdr = buf ? sizeof *m : offsetof(struct verdict_msg, pattr);
     size_t padded = buf ? NLMSG_ALIGN(hdr + len) : hdr;
@@ -132,7 +136,73 @@ static int fetch(struct nfq_data *nfa, uint32_t *id, unsigned char **buf)
     return nfq_get_payload(nfa, buf);
 }
 
-/* Egress: handshake marking, then compression of tagged data on negotiated flows. */
+/* Our settings as the hello option says them. */
+static struct nicd_hello_opt our_option(const struct ctx *cx, uint8_t role, uint8_t orig_tos,
+                                        const uint8_t *nonce)
+{
+    struct nicd_hello_opt o = {
+        .version = NICD_VERSION, .role = role, .codec = NICD_CODEC_INCEPTIONN,
+        .tos_compressed = cx->cfg->tos_compressed, .orig_tos = (uint8_t)(orig_tos & 0xFC),
+        .error_bound = (int8_t)cx->cfg->error_bound,
+    };
+    memcpy(o.nonce, nonce, NICD_NONCE_LEN);
+    return o;
+}
+
+/* Compressing needs both ends to mean the same thing by the marks and the codec. */
+static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
+{
+    return o->version == NICD_VERSION && o->codec == NICD_CODEC_INCEPTIONN &&
+           o->error_bound == (int8_t)cx->cfg->error_bound &&
+           o->tos_compressed == cx->cfg->tos_compressed;
+}
+
+/* Our tagged SYN leaves: a new connection on this 4-tuple (any older negotiation is void);
+ * it carries the hello option with a fresh nonce and the hello mark. */
+static int egress_syn(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p,
+                      const struct nicd_flow_key *k, struct ctx *cx)
+{
+    nicd_flows_forget(k);
+    struct nicd_hello h = {.state = NICD_HELLO_SENT, .isn = p->seq};
+    nicd_flows_nonce(k, p->seq, h.nonce);
+    struct nicd_hello_opt o = our_option(cx, NICD_ROLE_HELLO, p->tos, h.nonce);
+    ptrdiff_t r = nicd_add_option(p, &o, (uint8_t)((p->tos & 3) | cx->cfg->tos_hello), OUT(cx),
+                                  sizeof OUT(cx));
+    if (r < 0) {
+        COUNT(cx, HELLO_NO_ROOM, 1);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    if (nicd_hello_put(k, &h))
+        COUNT(cx, HELLO_EVICTED, 1);
+    COUNT(cx, HELLO_SENT, 1);
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+}
+
+/* Our SYN-ACK leaves: answer the peer's hello if this SYN-ACK answers that very SYN. */
+static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p,
+                         const struct nicd_flow_key *k, struct ctx *cx)
+{
+    nicd_flows_forget(k); /* our stack accepts this 4-tuple anew */
+    struct nicd_hello h;
+    if (!nicd_hello_get(k, &h) || h.state == NICD_HELLO_SENT || p->ack != h.peer_isn + 1)
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    struct nicd_hello_opt o = our_option(cx, NICD_ROLE_ANSWER, p->tos, h.nonce);
+    ptrdiff_t r = nicd_add_option(p, &o, (uint8_t)((p->tos & 3) | cx->cfg->tos_hello), OUT(cx),
+                                  sizeof OUT(cx));
+    if (r < 0) {
+        COUNT(cx, HELLO_NO_ROOM, 1);
+        nicd_hello_take(k, (enum nicd_hello_state)h.state, h.isn);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    h.state = NICD_HELLO_ANSWERED; /* a retransmitted SYN-ACK is answered again */
+    h.isn = p->seq;
+    if (nicd_hello_put(k, &h))
+        COUNT(cx, HELLO_EVICTED, 1);
+    COUNT(cx, HELLO_SENT, 1);
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+}
+
+/* Egress: handshakes, then compression of tagged data on negotiated flows. */
 static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
 {
     (void)msg;
@@ -149,33 +219,15 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     key_of(&p, &k, 0);
     uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
 
-    if (syn == TCP_SYN && dscp_is(p.tos, cx->cfg->tos_tagged)) {
-        /* A tagged connection opens: remember its ISN and say we run the soft NIC. */
-        if (nicd_flows_put(&k, NICD_FLOW_HELLO_SENT, p.seq) < 0) {
-            COUNT(cx, FLOW_TABLE_FULL, 1);
-            return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
-        }
-        memcpy(OUT(cx), buf, p.len);
-        nicd_set_tos(OUT(cx), (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
-        COUNT(cx, HELLO_SENT, 1);
-        return verdict(qh, id, NF_ACCEPT, OUT(cx), p.len, cx);
-    }
-    if (syn == (TCP_SYN | TCP_ACK)) {
-        /* Answer a peer's hello: from here both ends of this flow run the soft NIC. */
-        if (nicd_flows_advance(&k, NICD_FLOW_PEER_HELLO, NICD_FLOW_NEGOTIATED, p.seq, 1)) {
-            memcpy(OUT(cx), buf, p.len);
-            nicd_set_tos(OUT(cx), (uint8_t)((p.tos & 3) | cx->cfg->tos_hello));
-            COUNT(cx, HELLO_SENT, 1);
-            COUNT(cx, FLOWS_NEGOTIATED, 1);
-            return verdict(qh, id, NF_ACCEPT, OUT(cx), p.len, cx);
-        }
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
-    }
+    if (syn == TCP_SYN && dscp_is(p.tos, cx->cfg->tos_tagged))
+        return egress_syn(qh, id, &p, &k, cx);
+    if (syn == (TCP_SYN | TCP_ACK))
+        return egress_synack(qh, id, &p, &k, cx);
     if (!dscp_is(p.tos, cx->cfg->tos_tagged) || p.payload_len == 0)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
     uint32_t isn;
-    if (nicd_flows_get(&k, &isn) != NICD_FLOW_NEGOTIATED) {
+    if (!nicd_flows_negotiated(&k, &isn)) {
         COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
@@ -202,6 +254,70 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
+/* A handshake marked tos_hello arrives. Only one carrying our option is a soft NIC's: the
+ * option is removed and the original ToS put back. A SYN is remembered as a half-open hello
+ * (never touching a negotiated flow); an answer negotiates only if it echoes the nonce of our
+ * hello for this flow, acknowledges our ISN exactly, and states the same settings. */
+static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p,
+                         const struct nicd_flow_key *k, uint8_t syn, struct ctx *cx)
+{
+    struct nicd_hello_opt o;
+    int off = nicd_find_option(p, &o);
+    if (off <= 0) {
+        COUNT(cx, HELLO_WITHOUT_OPTION, 1);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    ptrdiff_t r = nicd_strip_option(p, (size_t)off, (uint8_t)((p->tos & 3) | (o.orig_tos & 0xFC)),
+                                    OUT(cx), sizeof OUT(cx));
+    if (r < 0) {
+        COUNT(cx, DROP_CHECKSUM, 1); /* the stack would drop it too */
+        return verdict(qh, id, NF_DROP, NULL, 0, cx);
+    }
+    COUNT(cx, HELLO_RECEIVED, 1);
+    int agree = settings_agree(cx, &o);
+    struct nicd_hello h;
+    if (syn == TCP_SYN && o.role == NICD_ROLE_HELLO) {
+        h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq};
+        memcpy(h.nonce, o.nonce, NICD_NONCE_LEN);
+        if (nicd_hello_put(k, &h))
+            COUNT(cx, HELLO_EVICTED, 1);
+        if (!agree)
+            COUNT(cx, HELLO_MISMATCH, 1);
+    } else if (syn != (TCP_SYN | TCP_ACK) || o.role != NICD_ROLE_ANSWER || !nicd_hello_get(k, &h) ||
+               h.state != NICD_HELLO_SENT || p->ack != h.isn + 1 ||
+               memcmp(h.nonce, o.nonce, NICD_NONCE_LEN) != 0) {
+        COUNT(cx, HELLO_UNMATCHED, 1);
+    } else if (!agree) {
+        COUNT(cx, HELLO_MISMATCH, 1);
+        nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
+    } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
+        if (nicd_flows_negotiate(k, h.isn) < 0)
+            COUNT(cx, FLOW_TABLE_FULL, 1);
+        else
+            COUNT(cx, FLOWS_NEGOTIATED, 1);
+    }
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+}
+
+/* The answerer learns that the initiator accepted its answer from the initiator's first
+ * compressed packet: it must acknowledge our SYN, with an ack no further than CONFIRM_WINDOW
+ * past our ISN (an off-path sender does not know the ISN). Only then do we compress too. */
+#define CONFIRM_WINDOW (1u << 18)
+
+static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_key *k, struct ctx *cx)
+{
+    struct nicd_hello h;
+    if (!nicd_hello_count() || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED ||
+        !h.agree || p->ack - h.isn - 1 >= CONFIRM_WINDOW || !(p->tcp_flags & TCP_ACK))
+        return;
+    if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
+        return; /* another thread confirmed it */
+    if (nicd_flows_negotiate(k, h.isn) < 0)
+        COUNT(cx, FLOW_TABLE_FULL, 1);
+    else
+        COUNT(cx, FLOWS_NEGOTIATED, 1);
+}
+
 /* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
  * packet that cannot be restored is dropped, and TCP retransmits it. */
 static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
@@ -226,21 +342,8 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     key_of(&p, &k, 1); /* our egress direction of this flow */
     uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
 
-    if (dscp_is(p.tos, cx->cfg->tos_hello) && syn) {
-        if (syn == TCP_SYN) {
-            if (nicd_flows_put(&k, NICD_FLOW_PEER_HELLO, 0) < 0)
-                COUNT(cx, FLOW_TABLE_FULL, 1);
-            else
-                COUNT(cx, HELLO_RECEIVED, 1);
-        } else if (nicd_flows_advance(&k, NICD_FLOW_HELLO_SENT, NICD_FLOW_NEGOTIATED, 0, 0)) {
-            COUNT(cx, HELLO_RECEIVED, 1);
-            COUNT(cx, FLOWS_NEGOTIATED, 1);
-        }
-        /* Hand the stack the application's own mark back. */
-        memcpy(OUT(cx), buf, p.len);
-        nicd_set_tos(OUT(cx), (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged));
-        return verdict(qh, id, NF_ACCEPT, OUT(cx), p.len, cx);
-    }
+    if (dscp_is(p.tos, cx->cfg->tos_hello) && (syn & TCP_SYN))
+        return ingress_hello(qh, id, &p, &k, syn, cx);
     if (!dscp_is(p.tos, cx->cfg->tos_compressed)) /* the rules queue nothing else */
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
@@ -260,6 +363,7 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     COUNT(cx, INGRESS_RESTORED, 1);
     COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len);
     COUNT(cx, INGRESS_ORIG_BYTES, (size_t)r - p.payload_off);
+    confirm_answered(&p, &k, cx);
     return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 

@@ -19,10 +19,18 @@ enum nicd_counter {
     NICD_C_EGRESS_RAW_NOT_SMALLER,    /* compressed form not smaller: raw */
     NICD_C_EGRESS_RAW_SHORT,          /* no whole float in the payload (or none at all): raw */
     NICD_C_EGRESS_RAW_BYTES,          /* payload bytes of tagged packets sent raw */
-    NICD_C_HELLO_SENT,        /* our SYN / SYN-ACK marked "soft NIC here" */
-    NICD_C_HELLO_RECEIVED,    /* the peer's SYN / SYN-ACK said so */
-    NICD_C_FLOWS_NEGOTIATED,
+    NICD_C_HELLO_SENT,        /* our SYN / SYN-ACK left with the hello option */
+    NICD_C_HELLO_RECEIVED,    /* a peer's SYN / SYN-ACK arrived with it (option removed) */
+    NICD_C_FLOWS_NEGOTIATED,  /* initiator: a matching answer; answerer: the first compressed
+                                 packet of a flow it answered */
     NICD_C_FLOW_TABLE_FULL,
+    NICD_C_HELLO_NO_ROOM,     /* no 16 bytes left in the TCP header (or a SYN with data): raw */
+    NICD_C_HELLO_WITHOUT_OPTION, /* handshake marked tos_hello without our option (a reflected
+                                    or AF12 mark, not a soft NIC): passed untouched, raw */
+    NICD_C_HELLO_MISMATCH,    /* the peer's soft NIC has other settings: raw */
+    NICD_C_HELLO_UNMATCHED,   /* an answer to no hello of ours (wrong nonce, ack != ISN+1,
+                                 unknown or already answered flow): raw */
+    NICD_C_HELLO_EVICTED,     /* a half-open hello pushed out of the full hello table */
     NICD_C_INGRESS_PACKETS,
     NICD_C_INGRESS_RESTORED,
     NICD_C_INGRESS_WIRE_BYTES,

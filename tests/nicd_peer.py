@@ -1,14 +1,18 @@
 """Helper program the soft-NIC end-to-end tests (tests/test_nicd.py) run inside testbed hosts.
 
-    recv  --bind IP --port P --out FILE
+    recv  --bind IP --port P --out FILE [--tos 0x30] [--md5-peer IP]
           listen, print "listening", accept one connection and append what arrives to FILE,
           flushing after every read (the test watches FILE grow), until the peer closes.
-    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE]
+          --tos marks the listening socket (its SYN-ACKs) and so the accepted one.
+    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE] [--md5-peer IP]
           connect (IP_TOS and TCP_MAXSEG set before connect), send FILE; with --pause-at, send
           the first N bytes, print "paused", wait until the file --go exists, send the rest.
           Then half-close and wait for the receiver to close: exit 0 means all was delivered.
     craft --dst IP --kinds K1,K2,... --count N
           send N hostile packets of each kind with scapy from a raw socket (see KINDS).
+    spoof-synack --iface IF [--port P]
+          sniff the next handshake (to port P) on IF (run it in the server's namespace), then send
+          the client copies of the server's real SYN-ACK marked DSCP 12 (see SPOOFS), in order.
 
 Only the standard library for recv/send, so they start fast.
 """
@@ -20,9 +24,24 @@ import sys
 import time
 
 
+TCP_MD5SIG = 14  # linux/tcp.h
+
+
+def set_md5(s, peer: str, key: bytes = b"inceptionn-test") -> None:
+    """RFC 2385 signatures with ``peer`` (struct tcp_md5sig): the SYN then has no room left for
+    the hello option (MD5 takes 20 option bytes, and Linux drops timestamps for it)."""
+    addr = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 0) + socket.inet_aton(peer)
+    s.setsockopt(socket.IPPROTO_TCP, TCP_MD5SIG,
+                 addr.ljust(128, b"\0") + struct.pack("=BBHi", 0, 0, len(key), 0) + key.ljust(80, b"\0"))
+
+
 def recv(a):
     s = socket.socket()
+    if a.md5_peer:
+        set_md5(s, a.md5_peer)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if a.tos is not None:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
     s.bind((a.bind, a.port))
     s.listen(1)
     print("listening", flush=True)
@@ -43,6 +62,8 @@ def recv(a):
 def send(a):
     data = open(a.data, "rb").read()
     s = socket.socket()
+    if a.md5_peer:
+        set_md5(s, a.md5_peer)
     s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
     if a.mss:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
@@ -99,7 +120,23 @@ KINDS = {
     "checksum": "drop_checksum",   # valid compressed payload, TCP checksum wrong
     "tiny_ip": "drop_malformed",   # IPv4 header only, protocol TCP, no TCP header
     "udp": None,                   # UDP with the compressed mark: not ours, never queued
+    "wrap": "drop_too_big",        # valid, restores to 65532-65535 bytes (wraps the netlink length)
+    "fits": "ingress_restored",    # the same at 65531 bytes, the largest a verdict can carry
 }
+
+
+def zeros_restoring_to(total: int) -> bytes:
+    """A valid compressed payload (no TCP options) whose restored IP packet is ``total`` bytes:
+    zero floats, tail bytes making up the rest."""
+    import numpy as np
+    from inceptionn.codecs._native import ffi, lib
+    n, tail = divmod(total - 40, 4)
+    out = ffi.new("uint8_t[]", n + 64)
+    x = np.zeros(n, np.float32)
+    slen = lib.inc_encode(ffi.from_buffer("float[]", x), n, -10, out, n + 64, 0)
+    assert slen > 0, slen
+    return shim(n, bytes(ffi.buffer(out, slen)) + b"T" * tail, ht=tail << 2)
+
 
 
 def craft(a):
@@ -135,6 +172,10 @@ def craft(a):
             pkts.append(pkt)
         elif k == "tiny_ip":
             pkts.append(IP(dst=a.dst, tos=0x2C, proto=6))
+        elif k == "wrap":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(65532 + i % 4)))
+        elif k == "fits":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(65531)))
         elif k == "udp":
             pkts.append(IP(dst=a.dst, tos=0x2C) / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
                         / Raw(shim(8, rnd.randbytes(20))))
@@ -142,6 +183,54 @@ def craft(a):
             raise SystemExit(f"unknown kind {k!r}")
     scapy_send(pkts, inter=0.002)
     print(f"sent {len(pkts)}", flush=True)
+    return 0
+
+
+SPOOFS = {
+    # kind: the copy of the real SYN-ACK (seq, ack, options kept) sent to the client
+    "badack": "hello option echoing the SYN's real nonce, ack = ISN + 1001 (the stack refuses it)",
+    "badnonce": "hello option with a wrong nonce, ack = ISN + 1 (the stack accepts it)",
+    "plain": "only the DSCP 12 mark, as a reflecting kernel or an AF12 socket sends it",
+}
+
+
+def spoof_synack(a):
+    from scapy.all import IP, TCP, AsyncSniffer, conf, send as scapy_send
+    conf.verb = 0
+    def handshake(p):  # (no libpcap here: a Python filter instead of BPF)
+        return TCP in p and p[TCP].flags & 0x02 and (not a.port or a.port in (p[TCP].sport, p[TCP].dport))
+    sniffer = AsyncSniffer(iface=a.iface, count=2, lfilter=handshake,
+                           started_callback=lambda: print("sniffing", flush=True))
+    sniffer.start()
+    sniffer.join(timeout=a.timeout)
+    seen = [p[IP] for p in (sniffer.results or [])]
+    syn = next((p for p in seen if p[TCP].flags == "S"), None)
+    synack = next((p for p in seen if syn is not None and p[TCP].flags == "SA" and p[TCP].sport == syn[TCP].dport
+                   and p[TCP].dport == syn[TCP].sport), None)
+    if syn is None or synack is None:
+        raise SystemExit(f"spoof-synack: no handshake seen: {seen!r}")
+    hello = next((v for k, v in syn[TCP].options if k == 253), None)
+    if hello is None:
+        raise SystemExit("spoof-synack: the client's SYN carried no hello option")
+    pkts = []
+    for kind in a.kinds.split(","):
+        p = IP(bytes(synack))
+        p.tos = 0x30
+        if kind == "badack":
+            p[TCP].ack += 1000
+            answer = bytes([hello[0], hello[1], 0x12]) + hello[3:]  # our settings, role ANSWER
+            p[TCP].options = [(253, answer)] + p[TCP].options
+        elif kind == "badnonce":
+            answer = bytes([hello[0], hello[1], 0x12]) + hello[3:8] + bytes(b ^ 0xA5 for b in hello[8:14])
+            p[TCP].options = [(253, answer)] + p[TCP].options
+        elif kind != "plain":
+            raise SystemExit(f"unknown spoof {kind!r}")
+        del p.len, p.chksum, p[TCP].chksum, p[TCP].dataofs
+        pkts.append(IP(bytes(p)))
+    for p in pkts:
+        scapy_send(p)
+        time.sleep(0.05)
+    print(f"spoofed {len(pkts)}", flush=True)
     return 0
 
 
@@ -153,6 +242,8 @@ def main():
     r.add_argument("--port", type=int, required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--timeout", type=float, default=60)
+    r.add_argument("--tos", type=lambda t: int(t, 0))
+    r.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
     s = sub.add_parser("send")
     s.add_argument("--host", required=True)
     s.add_argument("--port", type=int, required=True)
@@ -162,14 +253,20 @@ def main():
     s.add_argument("--pause-at", type=int)
     s.add_argument("--go")
     s.add_argument("--timeout", type=float, default=60)
+    s.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
     c = sub.add_parser("craft")
     c.add_argument("--dst", required=True)
     c.add_argument("--kinds", required=True, help=f"comma-separated, from {', '.join(KINDS)}")
     c.add_argument("--count", type=int, default=3)
     c.add_argument("--dport", type=int, default=5999)
     c.add_argument("--seed", type=int, default=1)
+    f = sub.add_parser("spoof-synack")
+    f.add_argument("--iface", required=True)
+    f.add_argument("--port", type=int, default=0, help="the server's port (default: the first SYN's)")
+    f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS)}")
+    f.add_argument("--timeout", type=float, default=30)
     a = p.parse_args()
-    return {"recv": recv, "send": send, "craft": craft}[a.mode](a)
+    return {"recv": recv, "send": send, "craft": craft, "spoof-synack": spoof_synack}[a.mode](a)
 
 
 if __name__ == "__main__":

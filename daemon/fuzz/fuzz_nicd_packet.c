@@ -4,7 +4,9 @@
  * ingress path) and compressed at every stream offset (the egress path); a compressed packet
  * must restore, to the same length, and never exceed the original. A second copy gets a valid
  * CRC32C and TCP checksum first, so mutations reach the header checks and the decoder instead of
- * stopping at the integrity checks.
+ * stopping at the integrity checks. The hello option: whatever option list arrives is searched
+ * (and a found option removed again); inserting our option into any parsed packet and removing
+ * it must give back the same bytes.
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
 #include "nicd_packet.h"
@@ -14,6 +16,38 @@
 
 static float scratch[16384 + 16];
 static uint8_t out[NICD_MAX_PACKET + 64], back[NICD_MAX_PACKET + 64];
+
+/* The option paths: find/strip on the packet as it came, add/find/strip round trip. The packet's
+ * TCP checksum is already valid here (strip checks it). */
+static void check_option(const struct nicd_pkt *p)
+{
+    struct nicd_hello_opt o;
+    int off = nicd_find_option(p, &o);
+    if (off > 0) {
+        if ((size_t)off < 20 || (size_t)off + NICD_OPT_LEN > p->thl)
+            abort();
+        ptrdiff_t r = nicd_strip_option(p, (size_t)off, o.orig_tos, out, sizeof out);
+        struct nicd_pkt s;
+        if (r != (ptrdiff_t)(p->len - NICD_OPT_LEN) || nicd_parse(out, (size_t)r, &s) != NICD_OK ||
+            s.thl != p->thl - NICD_OPT_LEN || s.payload_len != p->payload_len)
+            abort();
+    }
+    struct nicd_hello_opt mine = {.version = 1, .role = NICD_ROLE_HELLO, .codec = 1, .tos_compressed = 0x2C,
+                                  .orig_tos = p->tos, .error_bound = -10, .nonce = {1, 2, 3, 4, 5, 6}};
+    ptrdiff_t a = nicd_add_option(p, &mine, 0x30, out, sizeof out);
+    if (a < 0)
+        return;
+    struct nicd_pkt q;
+    struct nicd_hello_opt got;
+    if (a != (ptrdiff_t)(p->len + NICD_OPT_LEN) || nicd_parse(out, (size_t)a, &q) != NICD_OK ||
+        nicd_find_option(&q, &got) != 20 || memcmp(&got, &mine, sizeof got) != 0)
+        abort();
+    ptrdiff_t b = nicd_strip_option(&q, 20, p->tos, back, sizeof back);
+    /* everything but the IP header checksum (rewritten) comes back */
+    if (b != (ptrdiff_t)p->len || memcmp(back, p->ip, 10) != 0 ||
+        memcmp(back + 12, p->ip + 12, p->len - 12) != 0)
+        abort();
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -35,6 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint16_t sum = nicd_tcp_checksum(pkt, p.len);
         memcpy(pkt + p.ihl + 16, &sum, 2);
         nicd_restore(&p, 0x28, out, sizeof out, scratch);
+        check_option(&p);
         for (uint32_t off = 0; off < 4; off++) {
             ptrdiff_t r = nicd_compress(&p, off, -10, 0x2C, out, sizeof out, scratch, NULL);
             if (r > (ptrdiff_t)NICD_TOO_SHORT) {

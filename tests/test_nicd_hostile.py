@@ -1,0 +1,225 @@
+"""Hostile hosts (issue 11 section 4): packets that restore past what a netfilter verdict can
+carry, and floods of spoofed hellos while a real compressed flow runs. Real netfilter queues,
+real TCP, hosts in network namespaces (see tests/test_nicd.py); every packet sent is accounted
+for by the daemons' counters and the kernel's queue statistics.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+from test_nicd import (PEER, PY, Transfer, assert_words_equal, grads, make_testbed, recon, running_nicd,  # noqa: F401
+                       small)
+
+from inceptionn.daemon._datapath import ffi, lib
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+sys.path.insert(0, os.path.dirname(PEER))
+import nicd_peer  # noqa: E402
+
+
+def compressed_packet(payload: bytes) -> bytes:
+    """IPv4/TCP (no options) with the compressed mark around ``payload``, checksums valid."""
+    tcp = struct.pack("!HHIIBBHHH", 40000, 5001, 1, 1, 5 << 4, 0x18, 1000, 0, 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x2C, 40 + len(payload), 0, 0, 64, 6, 0,
+                     bytes([198, 18, 0, 1]), bytes([198, 18, 0, 2]))
+    pkt = bytearray(ip + tcp + payload)
+    pkt[36:38] = struct.pack("=H", lib.nicd_tcp_checksum(bytes(pkt), len(pkt)))
+    return bytes(pkt)
+
+
+# --- restored length and the 16-bit netlink attribute length ---------------------------------
+
+def test_restored_length_limit():
+    """nla_len = 4 + len: a restored packet of 65532-65535 bytes would wrap it to 0-3."""
+    out, scratch = ffi.new("uint8_t[]", 70000), ffi.new("float[]", 16400)
+    for total in range(65528, 65536):
+        pkt = compressed_packet(nicd_peer.zeros_restoring_to(total))
+        p = ffi.new("struct nicd_pkt *")
+        keep = ffi.from_buffer(pkt)
+        assert lib.nicd_parse(keep, len(pkt), p) == 0
+        r = lib.nicd_restore(p, 0x28, out, len(out), scratch)
+        assert r == (total if total <= lib.NICD_MAX_VERDICT else -8), (total, r)  # -8: NICD_E_SPACE
+
+
+def test_compress_leaves_packets_the_peer_could_not_restore_raw():
+    """An original of 65532+ bytes compresses fine but could never be handed back restored: the
+    receiver would drop it and the retransmission, forever. It must leave raw."""
+    scratch, out = ffi.new("float[]", 16400), ffi.new("uint8_t[]", 70000)
+    for total, want_compressed in ((65531, True), (65532, False), (65535, False)):
+        tcp = struct.pack("!HHIIBBHHH", 40000, 5001, 1, 1, 5 << 4, 0x18, 1000, 0, 0)
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x28, total, 0, 0, 64, 6, 0, bytes(4), bytes(4))
+        pkt = ip + tcp + bytes(total - 40)
+        p = ffi.new("struct nicd_pkt *")
+        keep = ffi.from_buffer(pkt)
+        assert lib.nicd_parse(keep, len(pkt), p) == 0
+        r = lib.nicd_compress(p, 0, -10, 0x2C, out, len(out), scratch, ffi.NULL)
+        assert (r > 2) == want_compressed, (total, r)
+
+
+def add_stack_counter(host, name, dscp):
+    """Count what reaches the stack (filter INPUT, after every queue) with a DSCP."""
+    host.run(["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "-m", "dscp", "--dscp", str(dscp),
+              "-m", "comment", "--comment", f"nt-{name}"], check=True)
+
+
+def stack_count(host, name) -> int:
+    r = host.run(["iptables-save", "-c", "-t", "filter"], capture_output=True, text=True, check=True)
+    for line in r.stdout.splitlines():
+        if f"nt-{name}" in line:
+            return int(re.match(r"\[(\d+):", line).group(1))
+    raise AssertionError(f"no rule nt-{name}")
+
+
+@needs_root
+def test_wrapping_restored_lengths_dropped_end_to_end(tmp_path):
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        add_stack_counter(h2, "compressed-in-stack", 11)
+        add_stack_counter(h2, "restored-in-stack", 10)
+        with running_nicd(h2, tmp_path) as d2:
+            before = d2.counters()
+            r = h1.run([PY, PEER, "craft", "--dst", h2.ip, "--kinds", "wrap,fits", "--count", "4"],
+                       capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            deadline = time.monotonic() + 5
+            while d2.counters()["ingress_packets"] - before["ingress_packets"] < 8 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            delta = {k: v - before[k] for k, v in d2.counters().items()}
+        compressed_in_stack = stack_count(h2, "compressed-in-stack")
+        restored_in_stack = stack_count(h2, "restored-in-stack")
+    assert delta["ingress_packets"] == 8, {k: v for k, v in delta.items() if v}
+    assert delta["drop_too_big"] == 4 and delta["ingress_restored"] == 4, {k: v for k, v in delta.items() if v}
+    assert delta["verdict_errors"] == 0
+    assert compressed_in_stack == 0, "a compressed packet reached the stack"
+    assert restored_in_stack == 4  # the 65531-byte ones were handed back restored
+
+
+# --- a flood of spoofed hellos while a real compressed flow runs -------------------------------
+
+def nft_counters(host, table="ntcount") -> dict:
+    r = host.run(["nft", "-j", "list", "table", "netdev", table], capture_output=True, text=True, check=True)
+    out = {}
+    for item in json.loads(r.stdout)["nftables"]:
+        rule = item.get("rule")
+        if rule:
+            name = rule.get("comment")
+            pk = next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+            out[name] = pk
+    return out
+
+
+def count_handshakes_on_arrival(host):
+    """netdev ingress counters (before any netfilter hook) of DSCP-12 SYNs and SYN-ACKs."""
+    script = (f"table netdev ntcount {{\n chain in {{\n  type filter hook ingress device {host.ifname} priority 0;\n"
+              '  ip dscp 12 tcp flags & (syn | ack) == syn counter comment "syn"\n'
+              '  ip dscp 12 tcp flags & (syn | ack) == syn | ack counter comment "synack"\n }\n}\n')
+    host.run(["nft", "-f", "-"], input=script, text=True, check=True)
+
+
+def queue_stats(host, queue: int) -> tuple[int, int]:
+    """(queue_dropped, user_dropped) of one NFQUEUE in the host's namespace."""
+    r = host.run(["cat", "/proc/net/netfilter/nfnetlink_queue"], capture_output=True, text=True, check=True)
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if int(f[0]) == queue:
+            return int(f[5]), int(f[6])
+    return 0, 0
+
+
+INGRESS_QUEUE = 7101  # queue_base 7100, one queue pair: ingress is base + 1
+
+
+def flood(host, *args):
+    p = host.popen([PY, "-m", "inceptionn.bench.synflood", *map(str, args)], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.strip() == "flooding", (line, p.stderr.read() if p.poll() is not None else "")
+    return p
+
+
+def flood_sent(p, timeout=120) -> int:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err
+    return int(re.search(r"sent (\d+)", out).group(1))
+
+
+@needs_root
+def test_spoofed_hello_flood_while_a_compressed_flow_runs(tmp_path, grads):
+    """h3 sends h2 100k hello SYNs from random testbed sources (with h1's address among them) to
+    the port of a running compressed flow h1 -> h2, and sends h1 hellos and answers spoofed
+    from the flow's own 4-tuple (today's downgrade). The flow stays negotiated and compressed,
+    arrives bit-exact, and every spoofed packet that arrived is counted."""
+    data = grads.tobytes()
+    n_flood, n_downgrade = 100_000, 2_000
+    with make_testbed(hosts=3, rate="50mbit") as tb:
+        h1, h2, h3 = tb.hosts
+        for h in (h1, h2):
+            count_handshakes_on_arrival(h)
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            # pause on a float boundary: the segments after it stay aligned, no float straddles two
+            pause_at = len(data) // 16 * 4
+            t = Transfer(h1, h2, data, tmp_path, pause_at=pause_at, timeout=180)
+            floods = []
+            try:
+                t.wait_paused()
+                ss = h1.run(["ss", "-Htn", "state", "established", "dst", f"{h2.ip}:{t.port}"],
+                            capture_output=True, text=True, check=True).stdout
+                cport = int(re.search(rf"{re.escape(h1.ip)}:(\d+)", ss).group(1))
+                c1, c2 = d1.counters(), d2.counters()
+                q1, q2 = queue_stats(h1, INGRESS_QUEUE), queue_stats(h2, INGRESS_QUEUE)
+                n1, n2 = nft_counters(h1), nft_counters(h2)  # the real handshake's hello and answer
+                assert c1["flows_negotiated"] == 1 and c1["egress_compressed"] > 0
+                floods.append(flood(h3, "--dst", h2.ip, "--dport", t.port, "--count", n_flood, "--rate", 20000,
+                                    "--exclude", h3.ip, "--seed", 1))
+                floods.append(flood(h3, "--dst", h1.ip, "--dport", cport, "--src", h2.ip, "--sport", t.port,
+                                    "--count", n_downgrade, "--rate", 1000, "--seed", 2))
+                floods.append(flood(h3, "--dst", h1.ip, "--dport", cport, "--src", h2.ip, "--sport", t.port,
+                                    "--synack", "--count", n_downgrade, "--rate", 1000, "--seed", 3))
+                time.sleep(1.0)
+                t.go.touch()  # the rest of the stream goes while the flood runs
+                got = t.finish()
+                sent = [flood_sent(p) for p in floods]
+                time.sleep(1.0)  # let the queues drain
+                e1, e2 = d1.counters(), d2.counters()
+                r1, r2 = queue_stats(h1, INGRESS_QUEUE), queue_stats(h2, INGRESS_QUEUE)
+            finally:
+                t.close()
+                for p in floods:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+        arrived1 = {k: v - n1[k] for k, v in nft_counters(h1).items()}
+        arrived2 = {k: v - n2[k] for k, v in nft_counters(h2).items()}
+    d1c = {k: e1[k] - c1[k] for k in e1}
+    d2c = {k: e2[k] - c2[k] for k in e2}
+    lost1 = sum(r1) - sum(q1)
+    lost2 = sum(r2) - sum(q2)
+    report = (f"sent {sent}; arrived h2 {arrived2}, h1 {arrived1}; queue drops h1 {lost1} h2 {lost2}; "
+              f"h1 {({k: v for k, v in d1c.items() if v})}; h2 {({k: v for k, v in d2c.items() if v})}")
+    print(report)
+    # the flow: still negotiated, compressed to the end, bit-exact
+    assert_words_equal(got, recon(grads, -10).tobytes(), "the flow under the flood")
+    assert d1c["egress_raw_not_negotiated"] == 0, report
+    assert d1c["egress_compressed"] > 0 and e1["flows_negotiated"] == 1, report
+    # (the flood shares the shaped link: a compressed packet may be lost there and sent again)
+    assert 0 < d2c["ingress_restored"] <= d1c["egress_compressed"], report
+    assert d2c["ingress_orig_bytes"] + d1c["egress_raw_bytes"] >= len(data) - pause_at, report
+    # the flood reached h2 and cost only half-open hellos, all counted
+    assert sent[0] == n_flood and arrived2["syn"] >= 0.9 * n_flood, report
+    assert d2c["hello_received"] + lost2 == arrived2["syn"], report
+    assert d2c["hello_evicted"] > 0 and d2c["flows_negotiated"] == 0, report
+    # the downgrade attempts on h1: hellos remembered as half-open, answers unmatched
+    assert sent[1:] == [n_downgrade, n_downgrade] and arrived1["syn"] + arrived1["synack"] > 0, report
+    assert d1c["hello_received"] + lost1 == arrived1["syn"] + arrived1["synack"], report
+    assert arrived1["synack"] - lost1 <= d1c["hello_unmatched"] <= arrived1["synack"], report
+    assert d1c["flows_negotiated"] == 0, report
+    for d in (d1c, d2c):
+        for key in ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big"):
+            assert d[key] == 0, (key, report)
