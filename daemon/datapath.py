@@ -74,9 +74,16 @@ class Datapath:
         expired = lib.nicd_flows_expire(active, ffi.NULL)
         return int(expired), int(active[0])
 
+    def snapshot_queues(self) -> list[dict]:
+        """Each queue pair's own counters (its thread's), in queue order."""
+        return [{"egress_queue": int(w["cfg"].egress_queue), "ingress_queue": int(w["cfg"].ingress_queue),
+                 "counters": {name: int(w["stats"].c[i]) for i, name in enumerate(COUNTERS)}}
+                for w in self._workers]
+
     def snapshot(self) -> dict:
+        """The counters summed over the queue pairs."""
         totals = dict.fromkeys(COUNTERS, 0)
-        for w in self._workers:
-            for i, name in enumerate(COUNTERS):
-                totals[name] += int(w["stats"].c[i])
+        for q in self.snapshot_queues():
+            for name, v in q["counters"].items():
+                totals[name] += v
         return totals

@@ -139,7 +139,7 @@ def run(args) -> int:
                                "tos": cfg.tos, "tos_compressed": cfg.tos_compressed, "tos_hello": cfg.tos_hello,
                                "queues": cfg.queues, "queue_base": cfg.queue_base},
                     "flows_active": flows["active"], "flows_expired": flows["expired"],
-                    "counters": dp.snapshot()}
+                    "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
 
         server = StatsServer(cfg.socket, snapshot)
         log.info("running%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",

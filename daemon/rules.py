@@ -21,8 +21,10 @@ Ingress:
                                      rule see the restored lengths (an INVALID-drop rule would
                                      otherwise stall the flow)
   mangle PREROUTING -i IFACE: SYN / SYN-ACK with `tos_hello` -> ingress queue, bypass: without
-                                     us the flow stays raw. Left after conntrack: nicd only
-                                     rewrites its ToS byte, which conntrack never looks at
+                                     us the flow stays raw. Left after conntrack: nicd restores
+                                     the ToS byte and removes its 16-byte hello option; conntrack
+                                     looks at neither (a SYN has no payload; options are skipped
+                                     by length)
 Persistent (comment ``inceptionn-failclosed``), raw PREROUTING right after the queue rule:
   the same compressed match -> DROP. Installed on start, kept by stop, crash and `--cleanup`,
   removed only by `inceptionn nicd --uninstall`: a peer keeps compressing the flows it

@@ -126,6 +126,10 @@ def format_stats(s: dict) -> str:
         "tiers  : " + ", ".join(f"{n} {100 * v / total:.1f}%" for n, v in zip(("0bit", "8bit", "16bit", "32bit"), tiers)),
         f"flows  : {s['flows_active']} active, {c['flows_negotiated']} negotiated, {s['flows_expired']} expired; "
         f"hellos {c['hello_sent']} sent / {c['hello_received']} received",
+        # why handshakes did not negotiate: a peer without nicd, other settings, spoofs, floods
+        f"refused: {c['hello_without_option']} without option, {c['hello_mismatch']} other settings, "
+        f"{c['hello_unmatched']} unmatched, {c['hello_no_room']} no option room; "
+        f"{c['hello_evicted']} half-open evicted",
         "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
         + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),
     ]
