@@ -1,4 +1,4 @@
-"""FFT sparsification with a range-based N-bit float (SPEC.md section 7).
+"""FFT sparsification with a range-based N-bit float (docs/spec.md section 7).
 
 encode: ``numpy.fft.rfft`` of the gradient zero-padded to the next 5-smooth length L (a
 real-to-complex FFT; written in C it would be a mixed-radix FFT, which numpy's pocketfft already

@@ -1,5 +1,5 @@
 /*
- * FFT sparsification with a range-based N-bit float (HPDC 2020), as fixed by SPEC.md section 7.
+ * FFT sparsification with a range-based N-bit float (HPDC 2020), as fixed by docs/spec.md section 7.
  *
  * The caller supplies the real-to-complex spectrum X[0..K) of n float32 gradients zero-padded to
  * L = fft_length(n), the smallest 2^a 3^b 5^c >= n (a fast FFT size), K = L/2 + 1 bins,
@@ -9,7 +9,7 @@
  * everything into one self-contained blob, and decodes such blobs back into a sparse spectrum,
  * checking every byte (this is the code that faces the network).
  *
- * Range-based N-bit float (SPEC.md section 7, with our choices): a code is a sign bit (bit N-1)
+ * Range-based N-bit float (docs/spec.md section 7, with our choices): a code is a sign bit (bit N-1)
  * and an (N-1)-bit magnitude code q. With m mantissa bits, the pattern of a float is
  * bits(|v|) >> (23 - m) (its exponent and top m mantissa bits), pbase = pattern(eps):
  *   encode: q = 0 if pattern(|v|) < pbase, else min(pattern(|v|) - pbase + 1, 2^(N-1) - 1)

@@ -1,4 +1,4 @@
-"""A numpy reference of FFT sparsification with the range-based float (SPEC.md section 7; wire
+"""A numpy reference of FFT sparsification with the range-based float (docs/spec.md section 7; wire
 format in fft_codec.h and docs/codecs.md), written for clarity, not speed.
 
 Both paths take the spectrum from ``numpy.fft.rfft``; from the spectrum on, this module and the

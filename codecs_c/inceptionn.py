@@ -1,4 +1,4 @@
-"""The INCEPTIONN codec (SPEC.md section 1) through its C library, with the numpy reference
+"""The INCEPTIONN codec (docs/spec.md section 1) through its C library, with the numpy reference
 selectable as ``impl="numpy"`` so every path shares one API."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 /*
  * INCEPTIONN codec: portable scalar path, run-time dispatch to the AVX2 path, and the checks.
- * The scalar path follows SPEC.md's bit formulas literally; the AVX2 path computes the same
+ * The scalar path follows docs/spec.md's bit formulas literally; the AVX2 path computes the same
  * fields with float arithmetic, and the tests hold the two bit-identical.
  */
 #include "inceptionn_codec.h"

@@ -1,5 +1,5 @@
 /*
- * INCEPTIONN gradient codec (MICRO 2018, Algorithms 2 and 3), as fixed by SPEC.md section 1.
+ * INCEPTIONN gradient codec (MICRO 2018, Algorithms 2 and 3), as fixed by docs/spec.md section 1.
  *
  * Lossy, per float32 value, stateless. Values go in groups of 8 lanes (one 256-bit burst of the
  * paper's engine). A group is a little-endian uint16 tag word (lane i's 2-bit tag in bits

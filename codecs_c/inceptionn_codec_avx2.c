@@ -2,7 +2,7 @@
  * AVX2 kernels of the INCEPTIONN codec, in the shape of streamvbyte's 0/1/2/4-byte variant:
  * tags come from three exponent compares, the 8 lane words are built in one register, and each
  * half (4 lanes, an 8-bit key) is packed or unpacked with one pshufb from a 256-entry table.
- * Fields are computed as floor(|x| * 2^w) in float arithmetic, which equals the SPEC's shift
+ * Fields are computed as floor(|x| * 2^w) in float arithmetic, which equals the spec's shift
  * formula for every value of the tier (scaling by a power of two is exact).
  *
  * Functions carry target("avx2") so the file builds without -mavx2; the driver only calls them
@@ -129,7 +129,7 @@ size_t AVX2 inc__decode_avx2(const uint8_t *in, size_t len, float *out, size_t f
         __m256i f = _mm256_and_si256(w, _mm256_permutevar8x32_epi32(field_mask, tag));
         __m256i s = _mm256_and_si256(
             _mm256_srlv_epi32(w, _mm256_permutevar8x32_epi32(field_width, tag)), one);
-        /* f * 2^-w is exactly the SPEC's reconstruction; f == 0 gives a zero of sign s. */
+        /* f * 2^-w is exactly the spec's reconstruction; f == 0 gives a zero of sign s. */
         __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(f), _mm256_permutevar8x32_ps(field_scale, tag));
         __m256i r = _mm256_or_si256(_mm256_castps_si256(v), _mm256_slli_epi32(s, 31));
         r = _mm256_blendv_epi8(r, w, _mm256_cmpeq_epi32(tag, three));

@@ -1,6 +1,6 @@
-"""A numpy reference of the INCEPTIONN codec, written straight from SPEC.md section 1.
+"""A numpy reference of the INCEPTIONN codec, written straight from docs/spec.md section 1.
 
-It uses the SPEC's own bit formulas (shift of the 24-bit significand, bit-length on decode) and
+It uses the spec's own bit formulas (shift of the 24-bit significand, bit-length on decode) and
 no float tricks, so differential tests against the C paths check two independent readings of
 the spec. It favours clarity over speed.
 """
@@ -14,7 +14,7 @@ TAG_0BIT, TAG_8BIT, TAG_16BIT, TAG_NO_COMPRESS = 0, 1, 2, 3
 
 
 def thresholds(k: int) -> tuple[int, int]:
-    """(Eb, mid) of SPEC.md: Eb = 127 + k, mid = Eb + ceil((127 - Eb) / 2)."""
+    """(Eb, mid) of docs/spec.md: Eb = 127 + k, mid = Eb + ceil((127 - Eb) / 2)."""
     eb = 127 + k
     mid = eb + -(-(127 - eb) // 2)
     return eb, mid

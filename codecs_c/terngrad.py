@@ -1,4 +1,4 @@
-"""TernGrad (SPEC.md section 4) through its C library, with the numpy reference selectable as
+"""TernGrad (docs/spec.md section 4) through its C library, with the numpy reference selectable as
 ``impl="numpy"``: gradient clipping at ``clip`` standard deviations, a per-tensor scaler,
 stochastic ternarization and 2-bit or base-3 packing. The stream layout is in
 ``codecs_c/terngrad_codec.h`` and docs/codecs.md.

@@ -1,5 +1,5 @@
 /*
- * TernGrad codec (SPEC.md section 4): portable C, every decoder read checked against the input
+ * TernGrad codec (docs/spec.md section 4): portable C, every decoder read checked against the input
  * length. The numpy reference (terngrad_reference.py) must agree bit for bit given the same
  * seed and draw counter; the tests hold them so.
  */

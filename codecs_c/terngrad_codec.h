@@ -1,5 +1,5 @@
 /*
- * TernGrad (NIPS 2017) ternary gradients, as fixed by SPEC.md section 4: gradient clipping at
+ * TernGrad (NIPS 2017) ternary gradients, as fixed by docs/spec.md section 4: gradient clipping at
  * c*sigma, a per-tensor scaler, stochastic ternarization, and two packings.
  *
  * Encoding n floats g with clip factor c (c <= 0: no clipping) and scaler S:

@@ -1,4 +1,4 @@
-"""A numpy reference of the TernGrad codec, written straight from SPEC.md section 4 and the
+"""A numpy reference of the TernGrad codec, written straight from docs/spec.md section 4 and the
 stream layout and random-bit rule of codecs_c/terngrad_codec.h. Given the same seed and draw
 counter it produces the C library's bytes exactly; the tests hold the two to that.
 """

@@ -1,4 +1,4 @@
-"""THC, Tensor Homomorphic Compression (SPEC.md section 6), through its C library, with the
+"""THC, Tensor Homomorphic Compression (docs/spec.md section 6), through its C library, with the
 numpy reference selectable as ``impl="numpy"`` (same bytes for the same seeds).
 
 One round, per worker (the collective drives the agreement, see ``Codec.needs_agreement``)::

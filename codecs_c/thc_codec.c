@@ -74,7 +74,7 @@ double thc_sum_squares(const float *x, size_t n)
 /* M is usable for d padded values when it is finite, >= 0 and M * d <= FLT_MAX: a decoded
  * rotated value is at most M in magnitude, the unnormalised inverse Hadamard transform's partial
  * sums at most M * d (rounding is monotone and M * 2^j is exact), so every decoded value is
- * finite. A larger M is refused rather than decoded to inf/NaN (SPEC.md keeps the operation
+ * finite. A larger M is refused rather than decoded to inf/NaN (docs/spec.md keeps the operation
  * order: scaling before the transform would change every decode by a rounding). */
 static int range_ok(float range, size_t d)
 {

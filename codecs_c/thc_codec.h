@@ -1,5 +1,5 @@
 /*
- * THC, Tensor Homomorphic Compression (NSDI 2024), as fixed by SPEC.md section 6.
+ * THC, Tensor Homomorphic Compression (NSDI 2024), as fixed by docs/spec.md section 6.
  *
  * A worker rotates its (error-compensated) vector with a randomized Hadamard transform
  * R = H D x / sqrt(d) (x zero-padded to d = the next power of two, D a Rademacher diagonal drawn

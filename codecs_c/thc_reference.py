@@ -1,4 +1,4 @@
-"""A numpy reference of the THC codec (SPEC.md section 6; wire format in thc_codec.h and
+"""A numpy reference of the THC codec (docs/spec.md section 6; wire format in thc_codec.h and
 docs/codecs.md), written for clarity, not speed.
 
 Given the same range M, rotation seed and noise seed it produces the same bytes as the C encoder:

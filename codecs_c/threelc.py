@@ -1,11 +1,11 @@
-"""3LC (SPEC.md section 5) through its C library, with the numpy reference selectable as
+"""3LC (docs/spec.md section 5) through its C library, with the numpy reference selectable as
 ``impl="numpy"``: 3-value quantization with a sparsity multiplier, base-3^5 packing and
 zero-run encoding, plus 3LC's per-tensor error accumulation. The stream layout is in
 ``codecs_c/threelc_codec.h`` and docs/codecs.md.
 
 Error feedback is the shared ``ErrorFeedback`` memory (memory.py), held by the codec and keyed
 by tensor: ``encode(x, key=k)`` quantizes ``A = x + residual[k]`` and stores ``A - M*Q`` back,
-exactly SPEC's ``A += T; ...; A -= M*Q`` with one accumulation buffer per tensor. One codec
+exactly the spec's ``A += T; ...; A -= M*Q`` with one accumulation buffer per tensor. One codec
 serves every tensor of a model, a key each (a layer name, a bucket index). Without a key,
 ``encode(x)`` is the plain, stateless codec (quantize ``x`` as it is), which is what a caller
 that runs its own ErrorFeedback around the codec needs, e.g. the collective, whose error

@@ -1,5 +1,5 @@
 /*
- * Base-3^5 packing shared by 3LC (SPEC.md section 5) and TernGrad's base-3 mode (section 4):
+ * Base-3^5 packing shared by 3LC (docs/spec.md section 5) and TernGrad's base-3 mode (section 4):
  * five ternary values, each shifted to a digit q+1 in {0,1,2}, go to one byte
  * 81*d0 + 27*d1 + 9*d2 + 3*d3 + d4 (0..242), d0 the first of five consecutive values. Private to
  * the two codecs' .c files; not part of any public header.

@@ -1,5 +1,5 @@
 /*
- * 3LC codec (SPEC.md section 5): portable C, every decoder read checked against the input length.
+ * 3LC codec (docs/spec.md section 5): portable C, every decoder read checked against the input length.
  * The numpy reference (threelc_reference.py) must agree bit for bit; the tests hold them so.
  */
 #include "threelc_codec.h"

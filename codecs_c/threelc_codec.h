@@ -1,5 +1,5 @@
 /*
- * 3LC (SysML 2019) tensor compression, as fixed by SPEC.md section 5: 3-value quantization with a
+ * 3LC (SysML 2019) tensor compression, as fixed by docs/spec.md section 5: 3-value quantization with a
  * sparsity multiplier, base-3^5 packing and zero-run encoding (ZRE). The error-accumulation
  * buffer is the caller's (inceptionn.codecs.memory.ErrorFeedback): this library quantizes what
  * it is given and can hand back the dequantized values M*Q the receiver will see.

@@ -1,4 +1,4 @@
-"""A numpy reference of the 3LC codec, written straight from SPEC.md section 5 (and the stream
+"""A numpy reference of the 3LC codec, written straight from docs/spec.md section 5 (and the stream
 layout of codecs_c/threelc_codec.h). It favours clarity over speed; the tests hold the C library
 to it bit for bit.
 """

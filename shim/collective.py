@@ -30,7 +30,7 @@ Construction (collective: every rank must construct its Group)
 Collectives (every rank calls the same ones in the same order; a mismatch raises RuntimeError)
     ``allreduce(x, *, compress=<group default>, codec=None, scaling=None, error_feedback=None,
     key=None, out=None, average=False, verify=None) -> np.ndarray``
-        Ring allreduce (SPEC.md section 2) of a 1-D float32 array of any length; returns the sum
+        Ring allreduce (docs/spec.md section 2) of a 1-D float32 array of any length; returns the sum
         (``average=True``: sum / world), bit-identical on every rank. ``out`` may be ``x``
         (in place). ``compress``:
 

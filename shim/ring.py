@@ -1,4 +1,4 @@
-"""The INCEPTIONN gradient-centric ring (SPEC.md section 2, the paper's Algorithm 1), chunked
+"""The INCEPTIONN gradient-centric ring (docs/spec.md section 2, the paper's Algorithm 1), chunked
 and pipelined over two TCP connections: this rank -> right neighbour (send) and left neighbour ->
 this rank (receive).
 

@@ -1,7 +1,7 @@
 """Exact power-of-two gradient scaling per bucket, and the INCEPTIONN reconstruction the ring uses.
 
 The INCEPTIONN codec keeps *absolute* precision (16BIT: 2^-15, 8BIT: 2^-7) and zeroes values
-below 2^-7 for the usual error bounds (SPEC.md section 1), while real gradients mostly sit below
+below 2^-7 for the usual error bounds (docs/spec.md section 1), while real gradients mostly sit below
 2^-7. So before a gradient goes on a tagged socket, every bucket of ``bucket`` consecutive values
 is multiplied by ``2^s``, one exponent per bucket agreed by all workers: the largest ``s`` with
 ``headroom * M * 2^s < 1``, ``M`` the max over workers of the bucket's ``max |x|`` and

@@ -1,4 +1,4 @@
-"""The worker-aggregator baseline ("WA", SPEC.md section 2): workers push gradients to one
+"""The worker-aggregator baseline ("WA", docs/spec.md section 2): workers push gradients to one
 aggregator, which sums them, runs the update and sends the new weights back.
 
 Each worker has one connection to the aggregator. The worker's direction carries its gradient,

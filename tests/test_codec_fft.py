@@ -1,4 +1,4 @@
-"""FFT sparsification + range-based float (SPEC.md section 7): the C library and the numpy
+"""FFT sparsification + range-based float (docs/spec.md section 7): the C library and the numpy
 reference bit for bit, top-k selection with the bitmap, the range float's round-trip error
 bound, the compression ratio accounting, the theta schedule, and refusal of malformed blobs."""
 import math

@@ -1,4 +1,4 @@
-"""The INCEPTIONN codec against SPEC.md section 1: C scalar, C AVX2 and the numpy reference
+"""The INCEPTIONN codec against docs/spec.md section 1: C scalar, C AVX2 and the numpy reference
 must agree bit for bit, and each tier must keep the precision the spec gives it."""
 import math
 

@@ -1,4 +1,4 @@
-"""The TernGrad codec against SPEC.md section 4: C and the numpy reference give the same bytes for
+"""The TernGrad codec against docs/spec.md section 4: C and the numpy reference give the same bytes for
 the same seed and draw, the deterministic parts are exact, the stochastic rounding is unbiased
 (averaged over many trials), scaler sharing gives at most 2N+1 levels, and every malformed
 stream is refused with ValueError."""
@@ -92,7 +92,7 @@ def test_clipping_and_scaler(impl):
     assert get_codec("terngrad", clip=None, impl=impl).scaler(x) == 40.0
     y = c.decode(c.encode(x), x.size)
     assert set(np.unique(np.abs(y)).tolist()) == {0.0, float(bound)}
-    # A constant tensor has sigma 0: SPEC's clipping takes every value to 0.
+    # A constant tensor has sigma 0: the spec's clipping takes every value to 0.
     const = np.full(7, 0.5, np.float32)
     assert c.scaler(const) == 0.0
     assert not c.roundtrip(const).any()

@@ -1,4 +1,4 @@
-"""THC (SPEC.md section 6): the C library and the numpy reference bit for bit, the offline table,
+"""THC (docs/spec.md section 6): the C library and the numpy reference bit for bit, the offline table,
 the randomized Hadamard transform, unbiased stochastic quantization, the homomorphic sum and its
 overflow limits, error feedback, and refusal of malformed blobs."""
 import itertools

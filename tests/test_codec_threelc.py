@@ -1,4 +1,4 @@
-"""The 3LC codec against SPEC.md section 5: exact bytes of the base-3^5 packing and the zero-run
+"""The 3LC codec against docs/spec.md section 5: exact bytes of the base-3^5 packing and the zero-run
 encoding on known inputs, C and the numpy reference bit for bit, the error-accumulation loop
 through the shared ErrorFeedback memory, and every malformed stream refused with ValueError."""
 import numpy as np
@@ -145,7 +145,7 @@ def test_error_feedback_accumulates_per_tensor(impl):
         c.encode(other, key="b1")  # another tensor: its own buffer
         A = (A + t).astype(np.float32)
         m, q = ref.quantize(A, 1.5)
-        assert blob == ref.encode_quantized(m, q)  # the codec saw exactly SPEC's A
+        assert blob == ref.encode_quantized(m, q)  # the codec saw exactly the spec's A
         A = (A - ref.dequantize(m, q)).astype(np.float32)
         np.testing.assert_array_equal(bits(c.memory.residual("w1")), bits(A))
         sent += c.decode(blob, 997)

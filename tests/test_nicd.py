@@ -324,7 +324,7 @@ def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
 def test_unaligned_segments_and_odd_tail(tmp_path, small, mss):
     """MSS not a multiple of 4 (payload mss - 12 with timestamps): segments start anywhere in a
     float. Whole aligned words are compressed; a float split over two segments travels raw in
-    the head/tail bytes of both (DESIGN rule 2), so it arrives as the original value. A stream
+    the head/tail bytes of both (docs/design.md rule 2), so it arrives as the original value. A stream
     length that is not a multiple of 4 ends in raw tail bytes."""
     x = small[: 300_000]
     tail = b"\x01\x02\x03"

@@ -245,7 +245,7 @@ def test_capture_gradients(digits):
     mag = np.abs(sample)
     below = {k: float(np.mean(mag < 2.0 ** k)) for k in (-10, -7, -5)}
     print("fraction of |g| below 2^-10, 2^-7, 2^-5:", below)
-    # SPEC section 1: typical gradient values sit below 2^-7, yet real ones are not all tiny
+    # docs/spec.md section 1: typical gradient values sit below 2^-7, yet real ones are not all tiny
     assert below[-7] > 0.9
     assert 1e-3 < mag.max() < 10
 
