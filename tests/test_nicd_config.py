@@ -142,37 +142,43 @@ def _wait_for(pred, timeout=10.0):
     return True
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
-def test_sighup_reload_changes_error_bound(tmp_path):
+@contextlib.contextmanager
+def _nicd_on_one_host(tmp_path, name, cfg_text):
+    """A real nicd on a 1-host testbed, with its config file, socket and log in tmp_path; yields
+    (process, config path, socket path, log path) once it is ready; killed if still running."""
     from inceptionn.kernel_tc.testbed import Testbed
-    sock = tmp_path / "h.sock"
-    cfg = tmp_path / "nicd.toml"
-    body = f'interfaces = ["eth0"]\nsocket = "{sock}"\n'
-    cfg.write_text(body + "error_bound = -10\n")
-    log = tmp_path / "nicd.log"
-    with Testbed(hosts=1, name=f"ntc{os.getpid()}") as tb, open(log, "wb") as logf:
+    sock, cfg, log = tmp_path / "h.sock", tmp_path / "nicd.toml", tmp_path / "nicd.log"
+    cfg.write_text(f'interfaces = ["eth0"]\nsocket = "{sock}"\n' + cfg_text)
+    with Testbed(hosts=1, name=f"{name}{os.getpid()}") as tb, open(log, "wb") as logf:
         (h,) = tb.hosts
         p = h.popen([INC, "nicd", "--config", str(cfg)], stdout=logf, stderr=logf)
         try:
             assert _wait_for(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 30), log.read_text()
             assert p.poll() is None, log.read_text()
             assert _error_bound(sock) == -10
-            cfg.write_text(body + "error_bound = -7\n")
-            p.send_signal(signal.SIGHUP)
-            assert _wait_for(lambda: _error_bound(sock) == -7), log.read_text()
-            # a bad file on reload is refused and the running config kept
-            cfg.write_text(body + "error_bound = 5\n")
-            p.send_signal(signal.SIGHUP)
-            assert _wait_for(lambda: b"reload refused" in log.read_bytes()), log.read_text()
-            assert p.poll() is None
-            assert _error_bound(sock) == -7
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(timeout=15) == 0, log.read_text()
-            assert not sock.exists()
+            yield p, cfg, sock, log
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+def test_sighup_reload_changes_error_bound(tmp_path):
+    body = f'interfaces = ["eth0"]\nsocket = "{tmp_path / "h.sock"}"\n'
+    with _nicd_on_one_host(tmp_path, "ntc", "error_bound = -10\n") as (p, cfg, sock, log):
+        cfg.write_text(body + "error_bound = -7\n")
+        p.send_signal(signal.SIGHUP)
+        assert _wait_for(lambda: _error_bound(sock) == -7), log.read_text()
+        # a bad file on reload is refused and the running config kept
+        cfg.write_text(body + "error_bound = 5\n")
+        p.send_signal(signal.SIGHUP)
+        assert _wait_for(lambda: b"reload refused" in log.read_bytes()), log.read_text()
+        assert p.poll() is None
+        assert _error_bound(sock) == -7
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=15) == 0, log.read_text()
+        assert not sock.exists()
 
 
 # --- the stats socket --------------------------------------------------------------------------
@@ -213,45 +219,30 @@ def test_stats_socket_survives_running_out_of_descriptors(tmp_path):
     import resource
     import socket as pysocket
 
-    from inceptionn.kernel_tc.testbed import Testbed
-    sock = tmp_path / "h.sock"
-    cfg = tmp_path / "nicd.toml"
-    cfg.write_text(f'interfaces = ["eth0"]\nsocket = "{sock}"\n')
-    log = tmp_path / "nicd.log"
-    with Testbed(hosts=1, name=f"nfd{os.getpid()}") as tb, open(log, "wb") as logf:
-        (h,) = tb.hosts
-        p = h.popen([INC, "nicd", "--config", str(cfg)], stdout=logf, stderr=logf)
+    with _nicd_on_one_host(tmp_path, "nfd", "") as (p, cfg, sock, log):
+        limits = resource.prlimit(p.pid, resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir(f"/proc/{p.pid}/fd"))
+        resource.prlimit(p.pid, resource.RLIMIT_NOFILE, (in_use, limits[1]))
         try:
-            assert _wait_for(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 30), log.read_text()
-            assert p.poll() is None, log.read_text()
-            assert _error_bound(sock) == -10
-            limits = resource.prlimit(p.pid, resource.RLIMIT_NOFILE)
-            in_use = len(os.listdir(f"/proc/{p.pid}/fd"))
-            resource.prlimit(p.pid, resource.RLIMIT_NOFILE, (in_use, limits[1]))
-            try:
-                waiting = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
-                waiting.settimeout(10)
-                waiting.connect(str(sock))  # queued in the backlog; accept() fails with EMFILE
-                assert _wait_for(lambda: b"accept failed" in log.read_bytes()), log.read_text()
-                time.sleep(0.5)  # a few more failed rounds (backing off, not spinning)
-            finally:
-                resource.prlimit(p.pid, resource.RLIMIT_NOFILE, limits)
-            with waiting:
-                answer = b""
-                while not answer.endswith(b"\n"):
-                    chunk = waiting.recv(65536)
-                    assert chunk, "the daemon closed the waiting connection unanswered"
-                    answer += chunk
-            assert json.loads(answer)["pid"] == p.pid
-            for _ in range(3):
-                assert _error_bound(sock) == -10
-            assert p.poll() is None, log.read_text()
-            text = log.read_text()
-            assert "Too many open files" in text and "accepting again" in text, text
-            assert text.count("accept failed") == 1, "one line per streak of failures, not one per retry"
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(timeout=15) == 0, log.read_text()
+            waiting = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+            waiting.settimeout(10)
+            waiting.connect(str(sock))  # queued in the backlog; accept() fails with EMFILE
+            assert _wait_for(lambda: b"accept failed" in log.read_bytes()), log.read_text()
+            time.sleep(0.5)  # a few more failed rounds (backing off, not spinning)
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            resource.prlimit(p.pid, resource.RLIMIT_NOFILE, limits)
+        with waiting:
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = waiting.recv(65536)
+                assert chunk, "the daemon closed the waiting connection unanswered"
+                answer += chunk
+        assert json.loads(answer)["pid"] == p.pid
+        for _ in range(3):
+            assert _error_bound(sock) == -10
+        assert p.poll() is None, log.read_text()
+        text = log.read_text()
+        assert "Too many open files" in text and "accepting again" in text, text
+        assert text.count("accept failed") == 1, "one line per streak of failures, not one per retry"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=15) == 0, log.read_text()
