@@ -250,11 +250,16 @@ def _qdiscs(dev: str) -> str:
     return subprocess.run(["tc", "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
 
 
+NO_SUCH_IFACE = "incnone0"  # never shape a real interface of this machine, even by mistake
+
+
 @pytest.mark.skipif(not shutil.which("tc"), reason="needs tc to read the qdiscs back")
 @pytest.mark.parametrize("extra", [["--rate", "1mbit"], ["--loss", "50%"], ["--rate", "100mbps"]])
 def test_link_refuses_the_root_namespace_without_force(extra):
+    # An interface name that does not exist: the guard comes first, and if it ever regressed the
+    # command would fail on the missing interface instead of shaping this machine's own link.
     before = _qdiscs("lo")
-    r = run_cli("link", "lo", *extra)
+    r = run_cli("link", NO_SUCH_IFACE, *extra)
     assert_one_line_error(r, "root network namespace", "--force", "--netns")
     assert "warning" not in r.stderr  # refused before anything else is said or done
     assert _qdiscs("lo") == before
@@ -267,7 +272,7 @@ def test_link_refuses_a_named_namespace_that_is_the_root_one():
     subprocess.run(["ip", "netns", "attach", name, str(os.getpid())], check=True)
     try:
         before = _qdiscs("lo")
-        assert_one_line_error(run_cli("link", "lo", "--netns", name, "--rate", "1mbit"),
+        assert_one_line_error(run_cli("link", NO_SUCH_IFACE, "--netns", name, "--rate", "1mbit"),
                               f"namespace '{name}' is the machine's root network namespace", "--force")
         assert _qdiscs("lo") == before
     finally:
