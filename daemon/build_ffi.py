@@ -62,6 +62,7 @@ struct nicd_config {
     int error_bound;
     uint32_t queue_maxlen;
     int accept_only;
+    int gso;
     volatile int stop;
     volatile int ready;
 };
