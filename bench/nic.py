@@ -8,7 +8,7 @@ daemons' CPU. On an unshaped link: the data path's own ceiling beside an accept-
 no queue at all. With ``--flood PPS`` a third host sends the receiver spoofed hello SYNs
 (bench/synflood.py: random testbed sources, to the stream's port) during an extra tagged
 transfer each round: goodput under the flood beside the quiet one, and what the receiver's
-daemon counted. With ``--gso`` every link also runs the tagged stream with ``nicd --gso`` on both
+daemon counted. With --gso every link also runs the tagged stream with nicd --gso on both
 hosts (TSO super-packets compressed into MTU-sized packets, docs/wire-format.md), side by side
 with the per-packet path; for every mode the data packets that reached the receiver (an
 iptables counter on its wire side, before its daemon) are reported per MB of original payload.

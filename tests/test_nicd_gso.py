@@ -148,3 +148,19 @@ def test_gso_peer_without_daemon_stays_raw(tmp_path, small):
             c1 = d1.counters()
     assert got == data
     assert c1["egress_raw_not_negotiated"] > 0 and c1["egress_compressed"] == 0
+
+
+def test_gso_without_cap_net_raw_refused_in_one_line(tmp_path):
+    """The raw socket needs CAP_NET_RAW: without it nicd --gso refuses to start, one line, exit 2,
+    and leaves no queue rule behind."""
+    from test_nicd import INC, iptables_save
+    with make_testbed(mtu=1500) as tb:
+        h1 = tb.hosts[0]
+        r = h1.run(["capsh", "--drop=cap_net_raw", "--", "-c",
+                    f"{INC} nicd -i {h1.ifname} --gso --socket {tmp_path / 'x.sock'}"],
+                   capture_output=True, text=True, timeout=60)
+        saved = iptables_save(h1)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "inceptionn: error: gso: cannot open a raw IP socket (needs CAP_NET_RAW): Operation not permitted"]
+    assert "NFQUEUE" not in saved
