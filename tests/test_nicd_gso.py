@@ -9,6 +9,7 @@ traffic arrives byte for byte. Needs root.
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -31,6 +32,75 @@ def grads() -> np.ndarray:
 @pytest.fixture(scope="module")
 def small(grads) -> np.ndarray:
     return np.ascontiguousarray(grads[: 512 * 1024])  # 2 MiB
+
+
+def super_packet(payload: bytes, seq: int, flags: int) -> bytes:
+    """An IPv4/TCP packet as TSO hands it to the egress hook: timestamps option, DF, id 0xfffe."""
+    tcp = struct.pack("!HHIIBBHHH", 40000, 5001, seq, 7, (32 // 4) << 4, flags, 512, 0, 0)
+    tcp += b"\x01\x01\x08\x0a" + struct.pack("!II", 1, 2)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x28, 20 + len(tcp) + len(payload), 0xFFFE, 0x4000, 64, 6, 0,
+                     bytes([198, 18, 0, 1]), bytes([198, 18, 0, 2]))
+    return ip + tcp + payload
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+@pytest.mark.parametrize("stream_off", [0, 1, 2, 3])
+def test_super_packet_cut_into_mtu_packets_that_restore_alone(grads, mtu, stream_off):
+    """nicd_compress_gso on a 64 KB super-packet: packets within the MTU, each smaller than the
+    range it covers, contiguous seq (wrapping), IP ids +1, FIN/PSH last only, CWR first only,
+    valid checksums; restored one by one they give the codec's roundtrip, raw ends unchanged."""
+    from inceptionn.daemon._datapath import ffi, lib
+    head = (4 - stream_off) & 3
+    payload = bytes(range(head)) + grads[:16200].tobytes() + b"\x07\x08"  # tail of 2 raw bytes
+    seq = 0xFFFFFFFF - 5000  # wraps inside the super-packet
+    pkt = super_packet(payload, seq, 0x80 | 0x10 | 0x08 | 0x01)  # CWR ACK PSH FIN
+    keep = ffi.from_buffer(pkt)
+    p = ffi.new("struct nicd_pkt *")
+    assert lib.nicd_parse(keep, len(pkt), p) == 0
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    scratch, stream = ffi.new("float[]", 16400), ffi.new("uint8_t[]", 2048 * 34)
+    r = lib.nicd_compress_gso(p, stream_off, -10, 0x2C, mtu, out, len(out), seg_len, nsegs, 64, scratch,
+                              stream, len(stream), ffi.NULL)
+    assert r > 2, r
+    buf = bytes(ffi.buffer(out, r))
+    restored, at, covered = b"", 0, 0
+    n = nsegs[0]
+    assert n > 1 and n < (len(payload) + mtu - 53) // (mtu - 52) / 3  # well under one per MSS
+    for i in range(n):
+        seg = buf[at:at + seg_len[i]]
+        at += seg_len[i]
+        assert len(seg) <= mtu
+        c = ffi.new("struct nicd_pkt *")
+        ck = ffi.from_buffer(seg)
+        assert lib.nicd_parse(ck, len(seg), c) == 0
+        assert c.seq == (seq + covered) & 0xFFFFFFFF and c.tos == 0x2C
+        assert struct.unpack("!H", seg[4:6])[0] == (0xFFFE + i) & 0xFFFF
+        flags = seg[33]
+        assert (flags & 0x09 != 0) == (i == n - 1) and (flags & 0x80 != 0) == (i == 0) and flags & 0x10
+        assert seg[20 + 20:20 + 32] == pkt[40:52]  # the TCP options travel as they were
+        back = ffi.new("uint8_t[]", 65536)
+        b = lib.nicd_restore(c, 0x28, back, len(back), scratch)  # checks the TCP checksum and CRC
+        assert b > 0, lib.nicd_strerror(b)
+        assert c.payload_len < b - c.payload_off
+        restored += bytes(ffi.buffer(back, b))[c.payload_off:]
+        covered += b - c.payload_off
+    assert at == r and covered == len(payload)
+    want = recon(np.frombuffer(payload[head:head + 4 * 16200], np.float32), -10).tobytes()
+    assert restored[:head] == payload[:head] and restored[-2:] == b"\x07\x08"
+    assert_words_equal(restored[head:-2], want, "restored super-packet")
+
+
+def test_super_packet_that_does_not_compress_is_left_whole():
+    from inceptionn.daemon._datapath import ffi, lib
+    big = np.linspace(1.5, 1e6, 15000, dtype=np.float32)  # |x| >= 1: 4 bytes each plus tag words
+    pkt = super_packet(big.tobytes(), 1000, 0x18)
+    keep = ffi.from_buffer(pkt)
+    p = ffi.new("struct nicd_pkt *")
+    assert lib.nicd_parse(keep, len(pkt), p) == 0
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    r = lib.nicd_compress_gso(p, 0, -10, 0x2C, 1500, out, len(out), seg_len, nsegs, 64, ffi.new("float[]", 16400),
+                              ffi.new("uint8_t[]", 2048 * 34), 2048 * 34, ffi.NULL)
+    assert r == 1  # NICD_NOT_SMALLER: the caller accepts the super-packet unchanged
 
 
 def wire_run(tmp_path, x, mtu, *flags, tag=""):
@@ -164,3 +234,21 @@ def test_gso_without_cap_net_raw_refused_in_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "inceptionn: error: gso: cannot open a raw IP socket (needs CAP_NET_RAW): Operation not permitted"]
     assert "NFQUEUE" not in saved
+
+
+def test_gso_incompressible_super_packets_leave_whole_and_arrive_intact(tmp_path):
+    """Tagged data that never shrinks (|x| >= 1 everywhere) on a negotiated flow: each super-packet
+    is accepted unchanged from the queue (still GSO, checksum still partial) and the kernel
+    segments and checksums it after the hook; the bytes arrive exactly."""
+    data = np.linspace(1.5, 1e6, 400_000, dtype=np.float32).tobytes()
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, data, tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+    assert got == data
+    assert c1["flows_negotiated"] == 1 and c1["gso_super_packets"] == 0 and c1["egress_compressed"] == 0
+    assert c1["egress_raw_not_smaller"] > 0 and c1["egress_raw_bytes"] >= 0.9 * len(data)
+    # ... and they were queued as super-packets: far fewer verdicts than MSS segments
+    assert c1["egress_raw_not_smaller"] < len(data) / 1448 / 3, c1
+    assert c2["ingress_restored"] == 0
