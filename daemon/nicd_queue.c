@@ -263,8 +263,8 @@ static void send_segments(struct ctx *cx, uint32_t daddr, int nsegs)
     }
 }
 
-/* A super-packet over the MTU on a negotiated flow: compressed into the fewest packets that
- * fit, sent through the raw socket, the original dropped. One that does not compress leaves
+/* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
+ * that fit the MTU, sent through the raw socket, the original dropped. One that does not compress leaves
  * unchanged: the kernel segments it after the hook, as it would have without us. */
 static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
                       size_t mtu, struct ctx *cx)
@@ -326,8 +326,12 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     if (cx->cfg->gso) {
+        /* A GSO skb must never get a rewritten payload back in a verdict: it keeps its gso_size
+         * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
+         * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
+         * MTU. An unknown MTU (0) leaves it unchanged. */
         size_t mtu = egress_mtu(cx, nfa);
-        if (mtu && p.len > mtu)
+        if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
             return egress_gso(qh, id, &p, isn, mtu, cx);
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
