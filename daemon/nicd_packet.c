@@ -307,15 +307,19 @@ ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int e
         inc_stream_histogram(stream, (size_t)slen, n, tiers);
 
     /* Greedy: each packet takes whole groups while they fit (the fewest packets for ranges in
-     * order); the first also carries `head`, the last `tail`. */
+     * order); the first also carries `head`, the last `tail`. When what is left needs exactly
+     * two packets, they share it evenly: a last packet of a few floats could not shrink below
+     * its shim header, and would leave the whole super-packet raw. */
     size_t groups = (n + 7) / 8, g = 0, at = 0, used = 0;
     int segs = 0;
     while (g < groups) {
         size_t g0 = g, s0 = at, bytes = 0;
         size_t ends = (g0 == 0 ? head : 0) + tail; /* tail reserved: this may be the last */
+        size_t left = (size_t)slen - at + ends;
+        size_t half = left > room && left + 2 * INC_MAX_GROUP_BYTES <= 2 * room ? left / 2 : room;
         while (g < groups) {
             size_t b = group_bytes(stream + at);
-            if (bytes + b + ends > room)
+            if (bytes + b + ends > room || bytes + ends >= half)
                 break;
             bytes += b, at += b, g++;
         }

@@ -79,6 +79,27 @@ def test_super_packet_cut_into_mtu_packets_that_restore_alone(grads, mtu, stream
     assert_words_equal(restored[head:-2], want, "restored super-packet")
 
 
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_super_packets_of_every_size_compress(grads, mtu):
+    """Gradients compress ~6x: every super-packet must go compressed, whatever its length, also
+    when the greedy cut would leave a last packet of a few floats that could not shrink (the last
+    two packets share what is left instead)."""
+    from inceptionn.daemon._datapath import ffi, lib
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    scratch, stream = ffi.new("float[]", 16400), ffi.new("uint8_t[]", 2048 * 34)
+    refused = []
+    for length in range(3 * mtu, 64000, 97):
+        pkt = super_packet(grads[1000:1000 + length // 4 + 1].tobytes()[:length], 1, 0x18)
+        keep = ffi.from_buffer(pkt)
+        p = ffi.new("struct nicd_pkt *")
+        assert lib.nicd_parse(keep, len(pkt), p) == 0
+        r = lib.nicd_compress_gso(p, 0, -10, 0x2C, mtu, out, len(out), seg_len, nsegs, 64, scratch, stream,
+                                  len(stream), ffi.NULL)
+        if r <= 2:
+            refused.append(length)
+    assert not refused, f"{len(refused)} super-packets left raw, e.g. of {refused[:5]} payload bytes"
+
+
 def test_super_packet_that_does_not_compress_is_left_whole():
     from inceptionn.daemon._datapath import ffi, lib
     big = np.linspace(1.5, 1e6, 15000, dtype=np.float32)  # |x| >= 1: 4 bytes each plus tag words
