@@ -196,6 +196,8 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
             res["gso_send_errors"] = g1["gso_send_errors"]
             res["gso_drops"] = {k: v for k, v in g2.items() if k.startswith("drop_") and v}
             res["gso_sender_cpu"], res["gso_receiver_cpu"] = (c / gbusy for c in gcpu)
+            # what a host with cores of its own pays: daemon CPU seconds per GB of original payload
+            res["gso_sender_s_per_gb"], res["gso_receiver_s_per_gb"] = (c / (res["gso_bytes"] / 1e9) for c in gcpu)
             if rate_bps:
                 res["gso_of_ideal"] = res["gso"] / (rate_bps / 1e9 * res["gso_ratio"])
         if accept_only_too:
@@ -258,17 +260,18 @@ def print_gso_report(r: dict) -> None:
     print("\nGSO fast path (nicd --gso on both hosts) beside the per-packet soft NIC; Gbit/s of original "
           "payload, median [min-max]; data packets on the receiver's wire per MB of payload:")
     print(f"{'link':<22}{'soft NIC':>20}{'--gso':>20}{'ratio':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
-          f"{'pkt/MB MSS':>12}{'per-packet':>11}{'--gso':>7}")
+          f"{'CPU s/GB tx/rx':>16}{'pkt/MB MSS':>12}{'per-packet':>11}{'--gso':>7}")
     for x in links:
         ideal = f"{100 * x['gso_of_ideal']:.0f}%" if x.get("gso_of_ideal") else "-"
         print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>13}"
               f"{x['gso']:>7.3f}{span(x['gso_gbps']):>13}{x['gso_ratio']:>7.2f}x{ideal:>9}"
               f"{100 * x['gso_sender_cpu']:>6.0f}/{100 * x['gso_receiver_cpu']:.0f}%"
+              f"{x['gso_sender_s_per_gb']:>11.2f}/{x['gso_receiver_s_per_gb']:.2f}"
               f"{1e6 / (x['mtu'] - 52):>12.0f}{x['nic_packets_per_mb']:>11.0f}{x['gso_packets_per_mb']:>7.0f}")
     print("pkt/MB = data packets from the sender counted on the receiver's interface (before its daemon) per MB "
           "of original payload; MSS = what the untagged stream takes on a real wire, one per MSS (a veth carries "
           "untagged super-packets whole, so they are not counted). CPU = each daemon's CPU time / wall time of "
-          "the --gso runs. Both ends, their daemons and the kernel share 2 cores here.")
+          "the --gso runs, and per GB of original payload. Both ends, their daemons and the kernel share 2 cores here.")
 
 
 def print_flood_report(r: dict) -> None:
