@@ -264,8 +264,8 @@ static void send_segments(struct ctx *cx, uint32_t daddr, int nsegs)
 }
 
 /* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
- * that fit the MTU, sent through the raw socket, the original dropped. One that does not compress leaves
- * unchanged: the kernel segments it after the hook, as it would have without us. */
+ * that fit the MTU, sent through the raw socket, the original dropped. One that does not
+ * compress leaves unchanged: the kernel segments it after the hook, as it would without us. */
 static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
                       size_t mtu, struct ctx *cx)
 {
@@ -283,6 +283,7 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
+    flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
     send_segments(cx, p->daddr, nsegs);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
