@@ -297,3 +297,25 @@ def test_existing_end_to_end_tests_with_gso(name, tmp_path, request, monkeypatch
         if arg not in kwargs:
             kwargs[arg] = request.getfixturevalue(arg)
     test(**kwargs)
+
+
+def test_gso_through_conntrack_invalid_drops(tmp_path, small):
+    """The usual stateful firewall on both hosts, and on the sender's OUTPUT too (which the raw
+    socket's packets cross after their super-packet did): conntrack finds nothing INVALID, and
+    the stream arrives as the codec's roundtrip."""
+    from test_nicd_failclosed import counted
+    from test_nicd_firewall import drop_invalid
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        for h in (h1, h2):
+            drop_invalid(h)
+        h1.run(["iptables", "-w", "5", "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment",
+                "--comment", "nt-outgoing-invalid", "-j", "DROP"], check=True)
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path, timeout=45)
+            c1, c2 = d1.counters(), d2.counters()
+        invalid = [counted(h1, "nt-outgoing-invalid", "filter")[0]] + [counted(h, "nt-invalid", "filter")[0]
+                                                                  for h in (h1, h2)]
+    assert_words_equal(got, recon(small, -10).tobytes(), "gso through an INVALID-drop firewall")
+    assert c1["gso_super_packets"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
+    assert invalid == [0, 0, 0], f"conntrack found INVALID packets: {invalid}"
