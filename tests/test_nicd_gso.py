@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
 
 import numpy as np
 import pytest
 
 import test_nicd
-from test_nicd import (add_counting_rule, assert_words_equal, grads, make_testbed, recon, rule_counts,  # noqa: F401
+from test_nicd import (INC, add_counting_rule, assert_words_equal, grads, make_testbed, recon, rule_counts,  # noqa: F401
                        running_nicd, small, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
@@ -163,12 +164,15 @@ def test_gso_random_loss(tmp_path, small):
         with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path)
             c1, c2 = d1.counters(), d2.counters()
+            said = subprocess.run([INC, "stats", "--socket", str(d1.sock)], capture_output=True, text=True,
+                                  timeout=20).stdout
         lost = rule_counts(h2, "loss")[0]
     assert lost > 0, "the loss rule dropped nothing"
     assert_words_equal(got, recon(small, -10).tobytes(), "gso with 5% loss")
     assert c1["gso_super_packets"] > 0
     assert c1["egress_compressed"] > c2["ingress_restored"] > 0
     assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
+    assert f"gso    : {c1['gso_super_packets']} super-packets sent compressed" in said, said
 
 
 def tcp_ext(host, name: str) -> int:
