@@ -237,12 +237,20 @@ static size_t egress_mtu(struct ctx *cx, struct nfq_data *nfa)
     return cx->mtu;
 }
 
-/* Send the compressed packets in cx->segs through the raw socket (IP header included: the
- * kernel routes them out of the same interface, past the egress rules, which catch only the
- * tagged mark). One the kernel does not take is counted and lost: TCP retransmits its range. */
-static void send_segments(struct ctx *cx, uint32_t daddr, int nsegs)
+/* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
+ * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
+ * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
+ * the tagged mark. One the kernel does not take is counted and lost: TCP retransmits its range. */
+static void send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
 {
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
+    union {
+        struct cmsghdr h;
+        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo))];
+    } ctl = {.h = {.cmsg_len = CMSG_LEN(sizeof(struct in_pktinfo)), .cmsg_level = IPPROTO_IP,
+                   .cmsg_type = IP_PKTINFO}};
+    struct in_pktinfo info = {.ipi_ifindex = (int)ifindex};
+    memcpy(CMSG_DATA(&ctl.h), &info, sizeof info);
     struct mmsghdr mm[GSO_MAX_SEGS];
     struct iovec iov[GSO_MAX_SEGS];
     size_t at = 0;
@@ -250,6 +258,8 @@ static void send_segments(struct ctx *cx, uint32_t daddr, int nsegs)
         iov[i] = (struct iovec){cx->segs + at, cx->seg_len[i]};
         mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
                                              .msg_iov = &iov[i], .msg_iovlen = 1}};
+        if (ifindex)
+            mm[i].msg_hdr.msg_control = ctl.b, mm[i].msg_hdr.msg_controllen = sizeof ctl.b;
         at += cx->seg_len[i];
     }
     int sent = 0;
@@ -267,7 +277,7 @@ static void send_segments(struct ctx *cx, uint32_t daddr, int nsegs)
  * that fit the MTU, sent through the raw socket, the original dropped. One that does not
  * compress leaves unchanged: the kernel segments it after the hook, as it would without us. */
 static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
-                      size_t mtu, struct ctx *cx)
+                      size_t mtu, uint32_t ifindex, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs = 0;
@@ -284,7 +294,7 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    send_segments(cx, p->daddr, nsegs);
+    send_segments(cx, p->daddr, ifindex, nsegs);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
@@ -333,7 +343,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
          * MTU. An unknown MTU (0) leaves it unchanged. */
         size_t mtu = egress_mtu(cx, nfa);
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
-            return egress_gso(qh, id, &p, isn, mtu, cx);
+            return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
