@@ -8,7 +8,10 @@ daemons' CPU. On an unshaped link: the data path's own ceiling beside an accept-
 no queue at all. With ``--flood PPS`` a third host sends the receiver spoofed hello SYNs
 (bench/synflood.py: random testbed sources, to the stream's port) during an extra tagged
 transfer each round: goodput under the flood beside the quiet one, and what the receiver's
-daemon counted.
+daemon counted. With --gso every link also runs the tagged stream with nicd --gso on both
+hosts (TSO super-packets compressed into MTU-sized packets, docs/wire-format.md), side by side
+with the per-packet path; for every mode the data packets that reached the receiver (an
+iptables counter on its wire side, before its daemon) are reported per MB of original payload.
 """
 from __future__ import annotations
 
@@ -79,6 +82,35 @@ def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float, o
                 p.wait()
 
 
+WIRE_COMMENT = "bnic-wire"
+
+
+def count_wire(receiver, sender) -> None:
+    """A rule that only counts: data packets from ``sender`` as they reach ``receiver``'s
+    interface (nicd puts its queue rules behind such rules)."""
+    receiver.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", receiver.ifname, "-s", sender.ip,
+                  "-p", "tcp", "-m", "length", "--length", "100:65535", "-m", "comment", "--comment", WIRE_COMMENT],
+                 check=True)
+
+
+def wire_packets(receiver) -> int:
+    r = receiver.run(["iptables-save", "-c", "-t", "raw"], capture_output=True, text=True, check=True)
+    for line in r.stdout.splitlines():
+        if WIRE_COMMENT in line:
+            return int(line[1:].split(":")[0])  # "[packets:bytes] -A ..."
+    raise UserError(f"the wire counter in {receiver.name} is gone")
+
+
+def timed_transfer(sender, receiver, path, reps, tos, timeout, res, mode) -> dict:
+    """A transfer whose Gbit/s and wire packets go to res[mode + "_gbps"], res[mode + "_packets"]."""
+    p0 = wire_packets(receiver)
+    t = transfer(sender, receiver, path, reps, tos, timeout)
+    res[mode + "_gbps"].append(8 * t["bytes"] / t["seconds"] / 1e9)
+    res[mode + "_packets"] += wire_packets(receiver) - p0
+    res[mode + "_bytes"] += t["bytes"]
+    return t
+
+
 def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float, timeout: float) -> tuple[dict, int]:
     """A tagged transfer while ``attacker`` floods the receiver's port with spoofed hellos,
     from the moment the connection is up (one opened during a flood gets the kernel's SYN
@@ -106,27 +138,29 @@ def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float,
 
 
 def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
-                 error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0) -> dict:
+                 error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0,
+                 gso: bool = False) -> dict:
     label = f"{rate or 'unshaped'} MTU {mtu}"
     log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged"
         + (f" + tagged under a {flood_pps:.0f} SYN/s flood" if flood_pps else "") + " ...")
     res = {"rate": rate, "mtu": mtu, "bytes": nbytes * reps, "raw_gbps": [], "nic_gbps": [], "accept_only_gbps": [],
-           "flood_gbps": [], "flood_pps": flood_pps, "flood_sent": 0}
+           "flood_gbps": [], "flood_pps": flood_pps, "flood_sent": 0, "gso_gbps": []}
+    for mode in ("raw", "nic", "gso"):
+        res[mode + "_packets"] = res[mode + "_bytes"] = 0
     rate_bps = parse_rate(rate) if rate else None
     timeout = 600
     with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name="bnic") as tb, ExitStack() as stack:
         h1, h2 = tb.hosts[:2]
+        count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
         daemons = [stack.enter_context(nicd(h, s, error_bound)) for h, s in zip((h1, h2), socks)]
         cpu0 = [cpu_seconds(d.pid) for d in daemons]
         busy = 0.0
         for r in range(rounds):
-            raw = transfer(h1, h2, path, reps, 0, timeout)
+            timed_transfer(h1, h2, path, reps, 0, timeout, res, "raw")
             t0 = time.perf_counter()
-            nic = transfer(h1, h2, path, reps, 0x28, timeout)
+            timed_transfer(h1, h2, path, reps, 0x28, timeout, res, "nic")
             busy += time.perf_counter() - t0
-            res["raw_gbps"].append(8 * raw["bytes"] / raw["seconds"] / 1e9)
-            res["nic_gbps"].append(8 * nic["bytes"] / nic["seconds"] / 1e9)
             log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC {res['nic_gbps'][-1]:.3f} Gbit/s")
             if flood_pps:
                 if r == 0:
@@ -144,7 +178,28 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
             # SYN ever cost the measured flows their negotiation
             res["flood_counted"]["sender_raw_not_negotiated"] = (s1["egress_raw_not_negotiated"]
                                                                  - before_flood_tx["egress_raw_not_negotiated"])
-        stack.close()  # stop the daemons (and their rules) before the accept-only runs
+        stack.close()  # stop the daemons (and their rules) before the accept-only and gso runs
+        if gso:
+            with ExitStack() as g:
+                gd = [g.enter_context(nicd(h, s, error_bound, gso=True)) for h, s in zip((h1, h2), socks)]
+                gcpu0, gbusy = [cpu_seconds(d.pid) for d in gd], 0.0
+                for r in range(rounds):
+                    t0 = time.perf_counter()
+                    timed_transfer(h1, h2, path, reps, 0x28, timeout, res, "gso")
+                    gbusy += time.perf_counter() - t0
+                    log(f"{label} gso round {r + 1}: soft NIC --gso {res['gso_gbps'][-1]:.3f} Gbit/s")
+                gcpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, gcpu0)]
+                g1, g2 = read_stats(socks[0]), read_stats(socks[1])
+            res["gso"] = statistics.median(res["gso_gbps"])
+            res["gso_ratio"] = g1["egress_orig_bytes"] / max(1, g1["egress_wire_bytes"])
+            res["gso_super_packets"] = g1["gso_super_packets"]
+            res["gso_send_errors"] = g1["gso_send_errors"]
+            res["gso_drops"] = {k: v for k, v in g2.items() if k.startswith("drop_") and v}
+            res["gso_sender_cpu"], res["gso_receiver_cpu"] = (c / gbusy for c in gcpu)
+            # what a host with cores of its own pays: daemon CPU seconds per GB of original payload
+            res["gso_sender_s_per_gb"], res["gso_receiver_s_per_gb"] = (c / (res["gso_bytes"] / 1e9) for c in gcpu)
+            if rate_bps:
+                res["gso_of_ideal"] = res["gso"] / (rate_bps / 1e9 * res["gso_ratio"])
         if accept_only_too:
             with ExitStack() as acc:
                 for h, s in zip((h1, h2), socks):
@@ -159,6 +214,8 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     res["drops"] = {k: v for k, v in s2.items() if k.startswith("drop_") and v}
     res["sender_cpu"] = cpu[0] / busy if busy else 0.0   # fraction of one core while tagged runs
     res["receiver_cpu"] = cpu[1] / busy if busy else 0.0
+    for mode in ("raw", "nic", "gso"):  # data packets on the receiver's wire per MB of payload
+        res[mode + "_packets_per_mb"] = res[mode + "_packets"] / (res[mode + "_bytes"] / 1e6) if res[mode + "_bytes"] else None
     res["raw"] = statistics.median(res["raw_gbps"])
     res["nic"] = statistics.median(res["nic_gbps"])
     res["accept_only"] = statistics.median(res["accept_only_gbps"]) if res["accept_only_gbps"] else None
@@ -193,6 +250,28 @@ def print_report(r: dict) -> None:
           "ideal = link rate x the compression ratio the daemons measured; CPU = daemon CPU time / wall "
           "time of the tagged runs (100% = one core). Targets: 80% of ideal at 100 Mbit, 60% at 1 Gbit "
           "(MTU 9000), ceiling >= 4 Gbit/s.")
+
+
+def print_gso_report(r: dict) -> None:
+    links = [x for x in r["links"] if x.get("gso") is not None]
+    if not links:
+        return
+    span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
+    print("\nGSO fast path (nicd --gso on both hosts) beside the per-packet soft NIC; Gbit/s of original "
+          "payload, median [min-max]; data packets on the receiver's wire per MB of payload:")
+    print(f"{'link':<22}{'soft NIC':>20}{'--gso':>20}{'ratio':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
+          f"{'CPU s/GB tx/rx':>16}{'pkt/MB MSS':>12}{'per-packet':>11}{'--gso':>7}")
+    for x in links:
+        ideal = f"{100 * x['gso_of_ideal']:.0f}%" if x.get("gso_of_ideal") else "-"
+        print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>13}"
+              f"{x['gso']:>7.3f}{span(x['gso_gbps']):>13}{x['gso_ratio']:>7.2f}x{ideal:>9}"
+              f"{100 * x['gso_sender_cpu']:>6.0f}/{100 * x['gso_receiver_cpu']:.0f}%"
+              f"{x['gso_sender_s_per_gb']:>11.2f}/{x['gso_receiver_s_per_gb']:.2f}"
+              f"{1e6 / (x['mtu'] - 52):>12.0f}{x['nic_packets_per_mb']:>11.0f}{x['gso_packets_per_mb']:>7.0f}")
+    print("pkt/MB = data packets from the sender counted on the receiver's interface (before its daemon) per MB "
+          "of original payload; MSS = what the untagged stream takes on a real wire, one per MSS (a veth carries "
+          "untagged super-packets whole, so they are not counted). CPU = each daemon's CPU time / wall time of "
+          "the --gso runs, and per GB of original payload. Both ends, their daemons and the kernel share 2 cores here.")
 
 
 def print_flood_report(r: dict) -> None:
@@ -253,11 +332,13 @@ def run(args) -> int:
             reps = max(1, round(args.megabytes * 1e6 / x.nbytes * (parse_rate(rate) / 1e8 if rate else 10)))
             reps = min(reps, 40)
             report["links"].append(measure_link(rate, mtu, path, x.nbytes, reps, args.rounds, args.error_bound,
-                                                tmp, accept_only_too=rate is None, flood_pps=args.flood))
+                                                tmp, accept_only_too=rate is None, flood_pps=args.flood,
+                                                gso=args.gso))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
+        print_gso_report(report)
         print_flood_report(report)
     return 0
 
@@ -270,6 +351,8 @@ def add_arguments(p) -> None:
     p.add_argument("--flood", type=float, default=0, metavar="PPS",
                    help="also measure each link while a third host sends PPS spoofed hello SYNs per second "
                    "to the receiver (e.g. 20000; default 0: no flood)")
+    p.add_argument("--gso", action="store_true",
+                   help="also run every link with nicd --gso (the GSO fast path) beside the per-packet path")
     p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
                    help="gradients as the collective sends them (scaled per 64K bucket, default) or raw")
     p.add_argument("--megabytes", type=float, default=50,

@@ -47,6 +47,10 @@ ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, u
 int nicd_parse(const uint8_t *buf, size_t caplen, struct nicd_pkt *p);
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
                         uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
+ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
+                            uint8_t tos, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
+                            int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
+                            uint64_t *tiers);
 ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size_t cap, float *scratch);
 uint16_t nicd_tcp_checksum(const uint8_t *ip, size_t len);
 uint32_t nicd_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
@@ -62,6 +66,7 @@ struct nicd_config {
     int error_bound;
     uint32_t queue_maxlen;
     int accept_only;
+    int gso;
     volatile int stop;
     volatile int ready;
 };

@@ -26,6 +26,7 @@ class Datapath:
             c.error_bound = cfg.error_bound
             c.queue_maxlen = cfg.queue_maxlen
             c.accept_only = int(cfg.accept_only)
+            c.gso = int(cfg.gso)
             st = ffi.new("struct nicd_stats *")
             err = ffi.new("char[256]")
             self._workers.append({"cfg": c, "stats": st, "err": err, "rc": None, "thread": None})

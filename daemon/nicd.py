@@ -137,13 +137,14 @@ def run(args) -> int:
             return {"pid": os.getpid(), "uptime_s": time.monotonic() - dp.started,
                     "config": {"interfaces": cfg.interfaces, "codec": cfg.codec, "error_bound": cfg.error_bound,
                                "tos": cfg.tos, "tos_compressed": cfg.tos_compressed, "tos_hello": cfg.tos_hello,
-                               "queues": cfg.queues, "queue_base": cfg.queue_base},
+                               "queues": cfg.queues, "queue_base": cfg.queue_base, "gso": cfg.gso},
                     "flows_active": flows["active"], "flows_expired": flows["expired"],
                     "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
 
         server = StatsServer(cfg.socket, snapshot)
-        log.info("running%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",
+        log.info("running%s%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",
                  " ACCEPT-ONLY (diagnostic, nothing is compressed)" if cfg.accept_only else "",
+                 " with GSO super-packets" if cfg.gso else "",
                  ", ".join(cfg.interfaces), cfg.codec, cfg.error_bound,
                  _span(cfg.egress_queues), _span(cfg.ingress_queues), cfg.socket)
         print(READY_LINE, file=sys.stderr, flush=True)

@@ -72,6 +72,25 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
                         uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
 
 /*
+ * The GSO fast path (docs/wire-format.md, "Super-packets"): compress the payload of a TSO/GSO
+ * super-packet (up to 64 KB) into the fewest compressed packets whose IP length is at most mtu.
+ * Each covers a contiguous range of the original sequence space and is an ordinary compressed
+ * packet (its own shim header, seq = the start of its range), so the receiver restores each on
+ * its own; ranges are cut at 8-float group boundaries of one encoded stream. Headers are copied
+ * with seq, IP id (+1 per packet), lengths, ToS (`tos`) and full checksums set; PSH and FIN stay
+ * on the last packet only, CWR on the first only. The packets are written back to back to out;
+ * *nsegs gets how many (1..max_segs), seg_len[i] the i-th one's length. Returns the bytes
+ * written, or NICD_NOT_SMALLER when any range's compressed form would not be smaller than the
+ * range (or they would be more than max_segs), NICD_TOO_SHORT, or a negative error. `stream` holds stream_cap bytes for the
+ * encoded payload (inc_max_encoded_size(16384) is enough for any packet), `scratch` 16384
+ * floats.
+ */
+ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
+                            uint8_t tos, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
+                            int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
+                            uint64_t *tiers);
+
+/*
  * Restore a compressed packet: verify its TCP checksum and CRC32C, decode, write the original
  * packet (ToS byte set to `tos`, lengths and checksums fixed) to out. Returns its length or a
  * negative error; never reads past p->len nor writes past cap. `scratch` holds 16384 floats.

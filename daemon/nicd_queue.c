@@ -13,9 +13,15 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_queue.h>
 #include <linux/netlink.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 #include <sys/uio.h>
 
+#include "inceptionn_codec.h"
 #include "nicd_flows.h"
 #include "nicd_packet.h"
 
@@ -38,6 +44,9 @@
 #define BATCH_BYTES (192 * 1024)
 #define RECV_MSGS 16
 #define RECV_BUF (NICD_MAX_PACKET + 4096) /* one queued packet plus its netlink attributes */
+/* gso: compressed packets per super-packet at most (64 KB in MTU-sized packets that are each
+ * smaller than what they cover: 45 at MTU 1500; a smaller MTU leaves the super-packet raw). */
+#define GSO_MAX_SEGS 64
 
 /* One NFQNL_MSG_VERDICT message up to the payload attribute's data (all 4-byte aligned). */
 struct verdict_msg {
@@ -60,6 +69,14 @@ struct ctx {
     int niov;
     float scratch[16384 + 16];
     uint8_t out[BATCH][NICD_MAX_PACKET + 64];
+    /* gso: the raw socket the compressed packets of a super-packet leave by, their bytes, the
+     * encoded stream they are cut from, and the last egress interface's MTU */
+    int raw_fd;
+    size_t seg_len[GSO_MAX_SEGS];
+    uint8_t segs[NICD_MAX_PACKET + GSO_MAX_SEGS * 128];
+    uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
+    uint32_t mtu_ifindex, mtu_checked;
+    size_t mtu;
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -202,6 +219,93 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
+/* The MTU of the interface a packet leaves by, cached per thread for a second (a changed MTU
+ * is picked up); 0 if unknown. */
+static size_t egress_mtu(struct ctx *cx, struct nfq_data *nfa)
+{
+    uint32_t ifindex = nfq_get_outdev(nfa);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    if (ifindex == cx->mtu_ifindex && (uint32_t)ts.tv_sec == cx->mtu_checked)
+        return cx->mtu;
+    struct ifreq ifr = {0};
+    cx->mtu = 0;
+    if (ifindex && if_indextoname(ifindex, ifr.ifr_name) && ioctl(cx->raw_fd, SIOCGIFMTU, &ifr) == 0 &&
+        ifr.ifr_mtu > 0)
+        cx->mtu = (size_t)ifr.ifr_mtu;
+    cx->mtu_ifindex = ifindex, cx->mtu_checked = (uint32_t)ts.tv_sec;
+    return cx->mtu;
+}
+
+/* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
+ * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
+ * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
+ * the tagged mark. One the kernel does not take is counted and lost: TCP retransmits its range. */
+static void send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
+{
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
+    union {
+        struct cmsghdr h;
+        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo))];
+    } ctl = {.h = {.cmsg_len = CMSG_LEN(sizeof(struct in_pktinfo)), .cmsg_level = IPPROTO_IP,
+                   .cmsg_type = IP_PKTINFO}};
+    struct in_pktinfo info = {.ipi_ifindex = (int)ifindex};
+    memcpy(CMSG_DATA(&ctl.h), &info, sizeof info);
+    struct mmsghdr mm[GSO_MAX_SEGS];
+    struct iovec iov[GSO_MAX_SEGS];
+    size_t at = 0;
+    for (int i = 0; i < nsegs; i++) {
+        iov[i] = (struct iovec){cx->segs + at, cx->seg_len[i]};
+        mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
+                                             .msg_iov = &iov[i], .msg_iovlen = 1}};
+        if (ifindex)
+            mm[i].msg_hdr.msg_control = ctl.b, mm[i].msg_hdr.msg_controllen = sizeof ctl.b;
+        at += cx->seg_len[i];
+    }
+    int sent = 0;
+    while (sent < nsegs) {
+        int r = sendmmsg(cx->raw_fd, mm + sent, (unsigned)(nsegs - sent), 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
+            r = 1, cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
+        sent += r;
+    }
+}
+
+/* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
+ * that fit the MTU, sent through the raw socket, the original dropped. One that does not
+ * compress leaves unchanged: the kernel segments it after the hook, as it would without us. */
+static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
+                      size_t mtu, uint32_t ifindex, struct ctx *cx)
+{
+    uint64_t tiers[4] = {0, 0, 0, 0};
+    int nsegs = 0;
+    ptrdiff_t r = nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
+                                    (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), mtu, cx->segs,
+                                    sizeof cx->segs, cx->seg_len, &nsegs, GSO_MAX_SEGS, cx->scratch,
+                                    cx->stream, sizeof cx->stream, tiers);
+    if (r <= NICD_TOO_SHORT) {
+        if (r == NICD_TOO_SHORT)
+            COUNT(cx, EGRESS_RAW_SHORT, 1);
+        else
+            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
+        COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
+    send_segments(cx, p->daddr, ifindex, nsegs);
+    COUNT(cx, GSO_SUPER_PACKETS, 1);
+    COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
+    COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
+    COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - (size_t)nsegs * p->payload_off);
+    COUNT(cx, TIER0, tiers[0]);
+    COUNT(cx, TIER8, tiers[1]);
+    COUNT(cx, TIER16, tiers[2]);
+    COUNT(cx, TIER32, tiers[3]);
+    return verdict(qh, id, NF_DROP, NULL, 0, cx);
+}
+
 /* Egress: handshakes, then compression of tagged data on negotiated flows. */
 static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
 {
@@ -231,6 +335,15 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
+    if (cx->cfg->gso) {
+        /* A GSO skb must never get a rewritten payload back in a verdict: it keeps its gso_size
+         * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
+         * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
+         * MTU. An unknown MTU (0) leaves it unchanged. */
+        size_t mtu = egress_mtu(cx, nfa);
+        if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
+            return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
@@ -377,6 +490,8 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
 {
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
+    if (cx)
+        cx->raw_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -386,6 +501,10 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     }
     cx->cfg = cfg;
     cx->st = st;
+    if (cfg->gso && (cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0) {
+        fail(err, errlen, "gso: cannot open a raw IP socket (needs CAP_NET_RAW)", errno);
+        goto out;
+    }
     if (!(h = nfq_open())) {
         fail(err, errlen, "cannot open a netfilter queue handle (needs CAP_NET_ADMIN)", errno);
         goto out;
@@ -408,12 +527,22 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     }
     nfq_set_queue_maxlen(qe, cfg->queue_maxlen);
     nfq_set_queue_maxlen(qi, cfg->queue_maxlen);
-    /* Egress may fail open (a full queue lets the packet leave raw); ingress never does. */
-    nfq_set_queue_flags(qe, NFQA_CFG_F_FAIL_OPEN, NFQA_CFG_F_FAIL_OPEN);
+    /* Egress may fail open (a full queue lets the packet leave raw); ingress never does. With
+     * gso the egress queue gets super-packets whole, their checksums not filled in (CHECKSUM_
+     * PARTIAL): whatever we rewrite gets full checksums, what we accept the kernel completes. */
+    uint32_t eflags = NFQA_CFG_F_FAIL_OPEN | (cfg->gso ? NFQA_CFG_F_GSO : 0);
+    if (nfq_set_queue_flags(qe, eflags, eflags) < 0 && cfg->gso) {
+        fail(err, errlen, "gso: the kernel refuses NFQA_CFG_F_GSO on the egress queue", errno);
+        goto out;
+    }
     int fd = nfq_fd(h);
     int bufsize = 8 << 20, sndsize = 2 * BATCH_BYTES + (1 << 20), one = 1;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize); /* a whole batch */
+    if (cx->raw_fd >= 0) { /* a few super-packets' worth */
+        int rawsize = 4 << 20;
+        setsockopt(cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize);
+    }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];
     struct iovec rio[RECV_MSGS];
@@ -457,6 +586,8 @@ out:
         nfq_destroy_queue(qi);
     if (h)
         nfq_close(h);
+    if (cx && cx->raw_fd >= 0)
+        close(cx->raw_fd);
     free(rbuf);
     free(cx);
     return rc;

@@ -44,6 +44,10 @@ enum nicd_counter {
     NICD_C_VERDICT_ERRORS,
     NICD_C_RECV_ENOBUFS,      /* the kernel dropped queue messages we could not read in time */
     NICD_C_TIER0, NICD_C_TIER8, NICD_C_TIER16, NICD_C_TIER32,
+    NICD_C_GSO_SUPER_PACKETS, /* gso: super-packets (over the MTU) sent as compressed packets;
+                                 those packets count in egress_compressed */
+    NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take (lost:
+                                 TCP retransmits them) */
     NICD_NCOUNTERS
 };
 
@@ -55,6 +59,7 @@ struct nicd_config {
     int error_bound;        /* read per packet: Python may change it on reload */
     uint32_t queue_maxlen;
     int accept_only;        /* diagnostic: accept every queued packet unchanged (queue cost) */
+    int gso;                /* egress queue takes GSO super-packets; see nicd_compress_gso */
     volatile int stop;      /* set to 1 to make nicd_run return */
     volatile int ready;     /* set by nicd_run once both queues are bound */
 };

@@ -133,6 +133,9 @@ def format_stats(s: dict) -> str:
         "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
         + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),
     ]
+    if s["config"].get("gso"):
+        lines.insert(2, f"gso    : {c['gso_super_packets']} super-packets sent compressed through the raw socket "
+                        f"(their packets are counted above), {c['gso_send_errors']} packets it refused")
     lines += [format_queue(q) for q in s.get("queues", [])]
     return "\n".join(lines)
 

@@ -16,6 +16,36 @@
 
 static float scratch[16384 + 16];
 static uint8_t out[NICD_MAX_PACKET + 64], back[NICD_MAX_PACKET + 64];
+static uint8_t segs[NICD_MAX_PACKET + 64 * 128], stream[2048 * 34];
+
+/* The GSO path: a parsed packet taken as a super-packet, cut for a few MTUs. Every packet must
+ * fit the MTU, be smaller than the range it covers, and restore to exactly that range's length
+ * at exactly that range's seq; the ranges must cover the payload once, in order. */
+static void check_gso(const struct nicd_pkt *p, uint32_t off)
+{
+    static const size_t mtus[] = {90, 576, 1500, 9000};
+    size_t len[64];
+    for (size_t m = 0; m < sizeof mtus / sizeof *mtus; m++) {
+        int n = 0;
+        ptrdiff_t r = nicd_compress_gso(p, off, -10, 0x2C, mtus[m], segs, sizeof segs, len, &n, 64,
+                                        scratch, stream, sizeof stream, NULL);
+        if (r <= (ptrdiff_t)NICD_TOO_SHORT)
+            continue;
+        size_t at = 0, covered = 0;
+        for (int i = 0; i < n; i++) {
+            struct nicd_pkt c;
+            if (len[i] > mtus[m] || nicd_parse(segs + at, len[i], &c) != NICD_OK || c.seq != (uint32_t)(p->seq + covered))
+                abort();
+            ptrdiff_t b = nicd_restore(&c, 0x28, back, sizeof back, scratch);
+            if (b <= 0 || c.payload_len >= (size_t)b - c.payload_off)
+                abort(); /* restores, and was smaller than what it covers */
+            covered += (size_t)b - c.payload_off;
+            at += len[i];
+        }
+        if (covered != p->payload_len || at != (size_t)r)
+            abort();
+    }
+}
 
 /* The option paths: find/strip on the packet as it came, add/find/strip round trip. The packet's
  * TCP checksum is already valid here (strip checks it). */
@@ -70,6 +100,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(pkt + p.ihl + 16, &sum, 2);
         nicd_restore(&p, 0x28, out, sizeof out, scratch);
         check_option(&p);
+        check_gso(&p, (uint32_t)size & 3);
         for (uint32_t off = 0; off < 4; off++) {
             ptrdiff_t r = nicd_compress(&p, off, -10, 0x2C, out, sizeof out, scratch, NULL);
             if (r > (ptrdiff_t)NICD_TOO_SHORT) {

@@ -1,0 +1,325 @@
+"""The soft NIC's GSO fast path (``inceptionn nicd --gso``, issue 12), end to end: real TSO
+super-packets from the sender's TCP through the egress queue, compressed packets sent through
+the daemon's raw socket, restored at the receiver into segments larger than the MSS. Real
+netfilter and TCP in testbed namespaces; the helpers are tests/test_nicd.py's.
+
+What must arrive is what the codec's roundtrip gives, bit for bit, as without gso; untagged
+traffic arrives byte for byte. Needs root.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+import test_nicd
+from test_nicd import (INC, add_counting_rule, assert_words_equal, grads, make_testbed, recon, rule_counts,  # noqa: F401
+                       running_nicd, small, transfer)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+
+DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
+
+
+def super_packet(payload: bytes, seq: int, flags: int) -> bytes:
+    """An IPv4/TCP packet as TSO hands it to the egress hook: timestamps option, DF, id 0xfffe."""
+    tcp = struct.pack("!HHIIBBHHH", 40000, 5001, seq, 7, (32 // 4) << 4, flags, 512, 0, 0)
+    tcp += b"\x01\x01\x08\x0a" + struct.pack("!II", 1, 2)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x28, 20 + len(tcp) + len(payload), 0xFFFE, 0x4000, 64, 6, 0,
+                     bytes([198, 18, 0, 1]), bytes([198, 18, 0, 2]))
+    return ip + tcp + payload
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+@pytest.mark.parametrize("stream_off", [0, 1, 2, 3])
+def test_super_packet_cut_into_mtu_packets_that_restore_alone(grads, mtu, stream_off):
+    """nicd_compress_gso on a 64 KB super-packet: packets within the MTU, each smaller than the
+    range it covers, contiguous seq (wrapping), IP ids +1, FIN/PSH last only, CWR first only,
+    valid checksums; restored one by one they give the codec's roundtrip, raw ends unchanged."""
+    from inceptionn.daemon._datapath import ffi, lib
+    head = (4 - stream_off) & 3
+    payload = bytes(range(head)) + grads[:16200].tobytes() + b"\x07\x08"  # tail of 2 raw bytes
+    seq = 0xFFFFFFFF - 5000  # wraps inside the super-packet
+    pkt = super_packet(payload, seq, 0x80 | 0x10 | 0x08 | 0x01)  # CWR ACK PSH FIN
+    keep = ffi.from_buffer(pkt)
+    p = ffi.new("struct nicd_pkt *")
+    assert lib.nicd_parse(keep, len(pkt), p) == 0
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    scratch, stream = ffi.new("float[]", 16400), ffi.new("uint8_t[]", 2048 * 34)
+    r = lib.nicd_compress_gso(p, stream_off, -10, 0x2C, mtu, out, len(out), seg_len, nsegs, 64, scratch,
+                              stream, len(stream), ffi.NULL)
+    assert r > 2, r
+    buf = bytes(ffi.buffer(out, r))
+    restored, at, covered = b"", 0, 0
+    n = nsegs[0]
+    assert 1 < n < (len(payload) + mtu - 53) // (mtu - 52) / 2  # under half as many as MSS segments
+    for i in range(n):
+        seg = buf[at:at + seg_len[i]]
+        at += seg_len[i]
+        assert len(seg) <= mtu
+        c = ffi.new("struct nicd_pkt *")
+        ck = ffi.from_buffer(seg)
+        assert lib.nicd_parse(ck, len(seg), c) == 0
+        assert c.seq == (seq + covered) & 0xFFFFFFFF and c.tos == 0x2C
+        assert struct.unpack("!H", seg[4:6])[0] == (0xFFFE + i) & 0xFFFF
+        flags = seg[33]
+        assert (flags & 0x09 != 0) == (i == n - 1) and (flags & 0x80 != 0) == (i == 0) and flags & 0x10
+        assert seg[20 + 20:20 + 32] == pkt[40:52]  # the TCP options travel as they were
+        back = ffi.new("uint8_t[]", 65536)
+        b = lib.nicd_restore(c, 0x28, back, len(back), scratch)  # checks the TCP checksum and CRC
+        assert b > 0, lib.nicd_strerror(b)
+        assert c.payload_len < b - c.payload_off
+        restored += bytes(ffi.buffer(back, b))[c.payload_off:]
+        covered += b - c.payload_off
+    assert at == r and covered == len(payload)
+    want = recon(np.frombuffer(payload[head:head + 4 * 16200], np.float32), -10).tobytes()
+    assert restored[:head] == payload[:head] and restored[-2:] == b"\x07\x08"
+    assert_words_equal(restored[head:-2], want, "restored super-packet")
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_super_packets_of_every_size_compress(grads, mtu):
+    """Gradients compress ~6x: every super-packet must go compressed, whatever its length, also
+    when the greedy cut would leave a last packet of a few floats that could not shrink (the last
+    two packets share what is left instead)."""
+    from inceptionn.daemon._datapath import ffi, lib
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    scratch, stream = ffi.new("float[]", 16400), ffi.new("uint8_t[]", 2048 * 34)
+    refused = []
+    for length in range(3 * mtu, 64000, 97):
+        pkt = super_packet(grads[1000:1000 + length // 4 + 1].tobytes()[:length], 1, 0x18)
+        keep = ffi.from_buffer(pkt)
+        p = ffi.new("struct nicd_pkt *")
+        assert lib.nicd_parse(keep, len(pkt), p) == 0
+        r = lib.nicd_compress_gso(p, 0, -10, 0x2C, mtu, out, len(out), seg_len, nsegs, 64, scratch, stream,
+                                  len(stream), ffi.NULL)
+        if r <= 2:
+            refused.append(length)
+    assert not refused, f"{len(refused)} super-packets left raw, e.g. of {refused[:5]} payload bytes"
+
+
+def test_super_packet_that_does_not_compress_is_left_whole():
+    from inceptionn.daemon._datapath import ffi, lib
+    big = np.linspace(1.5, 1e6, 15000, dtype=np.float32)  # |x| >= 1: 4 bytes each plus tag words
+    pkt = super_packet(big.tobytes(), 1000, 0x18)
+    keep = ffi.from_buffer(pkt)
+    p = ffi.new("struct nicd_pkt *")
+    assert lib.nicd_parse(keep, len(pkt), p) == 0
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    r = lib.nicd_compress_gso(p, 0, -10, 0x2C, 1500, out, len(out), seg_len, nsegs, 64, ffi.new("float[]", 16400),
+                              ffi.new("uint8_t[]", 2048 * 34), 2048 * 34, ffi.NULL)
+    assert r == 1  # NICD_NOT_SMALLER: the caller accepts the super-packet unchanged
+
+
+def wire_run(tmp_path, x, mtu, *flags, tag=""):
+    """One tagged transfer h1 -> h2 with nicd (and ``flags``) on both; returns what arrived, both
+    daemons' counters and the data packets h2 saw arrive from h1 (counted on its wire side)."""
+    with make_testbed(mtu=mtu) as tb:
+        h1, h2 = tb.hosts
+        add_counting_rule(h2, "data", "-s", h1.ip, "-p", "tcp", "-m", "length", "--length", "100:65535")
+        add_counting_rule(h2, "compressed", "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11")
+        with running_nicd(h1, tmp_path, *flags, tag=tag) as d1, running_nicd(h2, tmp_path, *flags, tag=tag) as d2:
+            got = transfer(h1, h2, x.tobytes(), tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+        return got, c1, c2, rule_counts(h2, "data")[0], rule_counts(h2, "compressed")[0]
+
+
+@pytest.mark.parametrize("mtu", [1500, 9000])
+def test_gso_stream_equals_reconstruction_with_fewer_packets(tmp_path, small, mtu):
+    want = recon(small, -10).tobytes()
+    got, c1, c2, packets, compressed = wire_run(tmp_path, small, mtu, "--gso", tag="gso")
+    assert_words_equal(got, want, f"gso, MTU {mtu}")
+    assert c1["gso_super_packets"] > 0, c1
+    assert c1["gso_send_errors"] == 0, c1
+    assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
+    assert c1["egress_orig_bytes"] > 0.9 * small.nbytes
+    assert c2["ingress_restored"] == c1["egress_compressed"] <= compressed
+    assert c2["ingress_orig_bytes"] == c1["egress_orig_bytes"]
+    assert c2["ingress_wire_bytes"] == c1["egress_wire_bytes"] < c1["egress_orig_bytes"]
+    # restored segments larger than the MSS: fewer of them than the bytes need at the MSS
+    assert c2["ingress_restored"] < c1["egress_orig_bytes"] / (mtu - 52), c2
+    for key in DROPS:
+        assert c2[key] == 0, (key, c2)
+
+    # the same stream without gso: one compressed packet per MSS segment
+    got0, c1_0, _, packets0, _ = wire_run(tmp_path, small, mtu, tag="plain")
+    assert_words_equal(got0, want, f"no gso, MTU {mtu}")
+    assert c1_0["gso_super_packets"] == 0
+    print(f"MTU {mtu}: {packets / small.nbytes * 1e6:.0f} data packets per MB with gso, "
+          f"{packets0 / small.nbytes * 1e6:.0f} without")
+    assert packets < 0.6 * packets0, (packets, packets0)
+
+
+def test_gso_random_loss(tmp_path, small):
+    """5% loss on the receiver's wire side, before its daemon: lost compressed packets; TCP's
+    retransmissions come as other super-packets (other boundaries) and are compressed again."""
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        h2.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
+                "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
+                "--comment", "nt-loss", "-j", "DROP"], check=True)
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+            said = subprocess.run([INC, "stats", "--socket", str(d1.sock)], capture_output=True, text=True,
+                                  timeout=20).stdout
+        lost = rule_counts(h2, "loss")[0]
+    assert lost > 0, "the loss rule dropped nothing"
+    assert_words_equal(got, recon(small, -10).tobytes(), "gso with 5% loss")
+    assert c1["gso_super_packets"] > 0
+    assert c1["egress_compressed"] > c2["ingress_restored"] > 0
+    assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
+    assert f"gso    : {c1['gso_super_packets']} super-packets sent compressed" in said, said
+
+
+def tcp_ext(host, name: str) -> int:
+    """A TcpExt counter of the host's network namespace (/proc/net/netstat)."""
+    text = host.run(["cat", "/proc/net/netstat"], capture_output=True, text=True, check=True).stdout
+    lines = [line.split() for line in text.splitlines() if line.startswith("TcpExt:")]
+    return int(dict(zip(lines[0], lines[1]))[name])
+
+
+def test_gso_reordering(tmp_path, small):
+    """The sender's link reorders: 10% of its TCP packets (compressed ones included) go through a
+    slow HTB class while the rest pass, so compressed packets of one super-packet and of several
+    arrive out of order (the receiver's TCP counts out-of-order segments); each restores alone."""
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        dev = h1.ifname
+        for cmd in (["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+                    ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit"],
+                    ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "50mbit"],
+                    ["iptables", "-w", "5", "-t", "mangle", "-A", "OUTPUT", "-o", dev, "-p", "tcp", "-m", "statistic",
+                     "--mode", "random", "--probability", "0.1", "-j", "CLASSIFY", "--set-class", "1:20"]):
+            h1.run(cmd, check=True, capture_output=True)
+        ofo0 = tcp_ext(h2, "TCPOFOQueue")
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+        ofo = tcp_ext(h2, "TCPOFOQueue") - ofo0
+    assert ofo > 0, "nothing arrived out of order"
+    assert_words_equal(got, recon(small, -10).tobytes(), "gso with reordering")
+    assert c1["gso_super_packets"] > 0
+    assert c2["ingress_restored"] > 0 and all(c2[k] == 0 for k in DROPS), c2
+
+
+def test_gso_untagged_untouched(tmp_path, small):
+    data = small.tobytes()
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        add_counting_rule(h2, "marked", "-p", "tcp", "-m", "dscp", "!", "--dscp", "0")
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            before1, before2 = d1.counters(), d2.counters()
+            got = transfer(h1, h2, data, tmp_path, tos=0)
+            after1, after2 = d1.counters(), d2.counters()
+        assert rule_counts(h2, "marked") == (0, 0)
+    assert got == data
+    assert after1 == before1, "the sender's daemon saw untagged traffic"
+    assert after2["ingress_packets"] == before2["ingress_packets"]
+
+
+def test_gso_peer_without_daemon_stays_raw(tmp_path, small):
+    """Super-packets of a flow not negotiated leave unchanged: the kernel segments them after
+    the hook, and they arrive byte for byte."""
+    data = small.tobytes()
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path, "--gso") as d1:
+            got = transfer(h1, h2, data, tmp_path)
+            c1 = d1.counters()
+    assert got == data
+    assert c1["egress_raw_not_negotiated"] > 0 and c1["egress_compressed"] == 0
+
+
+def test_gso_without_cap_net_raw_refused_in_one_line(tmp_path):
+    """The raw socket needs CAP_NET_RAW: without it nicd --gso refuses to start, one line, exit 2,
+    and leaves no queue rule behind."""
+    from test_nicd import INC, iptables_save
+    with make_testbed(mtu=1500) as tb:
+        h1 = tb.hosts[0]
+        r = h1.run(["capsh", "--drop=cap_net_raw", "--", "-c",
+                    f"{INC} nicd -i {h1.ifname} --gso --socket {tmp_path / 'x.sock'}"],
+                   capture_output=True, text=True, timeout=60)
+        saved = iptables_save(h1)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "inceptionn: error: gso: cannot open a raw IP socket (needs CAP_NET_RAW): Operation not permitted"]
+    assert "NFQUEUE" not in saved
+
+
+def test_gso_incompressible_super_packets_leave_whole_and_arrive_intact(tmp_path):
+    """Tagged data that never shrinks (|x| >= 1 everywhere) on a negotiated flow: each super-packet
+    is accepted unchanged from the queue (still GSO, checksum still partial) and the kernel
+    segments and checksums it after the hook; the bytes arrive exactly."""
+    data = np.linspace(1.5, 1e6, 400_000, dtype=np.float32).tobytes()
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, data, tmp_path)
+            c1, c2 = d1.counters(), d2.counters()
+    assert got == data
+    assert c1["flows_negotiated"] == 1 and c1["gso_super_packets"] == 0 and c1["egress_compressed"] == 0
+    assert c1["egress_raw_not_smaller"] > 0 and c1["egress_raw_bytes"] >= 0.9 * len(data)
+    # ... and they were queued as super-packets: far fewer verdicts than MSS segments
+    assert c1["egress_raw_not_smaller"] < len(data) / 1448 / 3, c1
+    assert c2["ingress_restored"] == 0
+
+
+# --- tests/test_nicd.py's end-to-end tests again, with --gso on every daemon they start ----------
+
+EXISTING = {  # test -> (its parameters, the testbed MTU, None: its own)
+    "test_tagged_stream_equals_reconstruction": ({"k": -10}, None),
+    "test_tagged_and_untagged_in_parallel": ({}, None),
+    # at MTU 1500, so that the stream still takes over 100 compressed packets as the test wants
+    "test_unaligned_segments_and_odd_tail": ({"mss": 1001}, 1500),
+    "test_receiver_daemon_killed_fails_closed_and_recovers": ({}, None),
+    "test_sender_daemon_killed_flow_continues_raw": ({}, None),
+    "test_flow_started_before_daemons_stays_raw": ({}, None),
+    "test_hostile_packets_dropped_and_counted": ({}, None),
+    "test_stop_leaves_no_rule": ({}, None),
+}  # (test_random_loss: test_gso_random_loss above, with enough packets for the loss to hit)
+
+
+@pytest.mark.parametrize("name", sorted(EXISTING))
+def test_existing_end_to_end_tests_with_gso(name, tmp_path, request, monkeypatch):
+    import inspect
+    start = test_nicd.Nicd.__init__
+
+    def with_gso(self, host, tmp, extra, tag=""):
+        start(self, host, tmp, [*extra, "--gso"], tag)
+    monkeypatch.setattr(test_nicd.Nicd, "__init__", with_gso)
+    params, mtu = EXISTING[name]
+    if mtu:
+        testbed = test_nicd.make_testbed
+        monkeypatch.setattr(test_nicd, "make_testbed", lambda hosts=2, rate=None, mtu_=mtu, **_: testbed(hosts, rate, mtu_))
+    test = getattr(test_nicd, name)
+    kwargs = dict(params, tmp_path=tmp_path)
+    for arg in inspect.signature(test).parameters:
+        if arg not in kwargs:
+            kwargs[arg] = request.getfixturevalue(arg)
+    test(**kwargs)
+
+
+def test_gso_through_conntrack_invalid_drops(tmp_path, small):
+    """The usual stateful firewall on both hosts, and on the sender's OUTPUT too (which the raw
+    socket's packets cross after their super-packet did): conntrack finds nothing INVALID, and
+    the stream arrives as the codec's roundtrip."""
+    from test_nicd_failclosed import counted
+    from test_nicd_firewall import drop_invalid
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        for h in (h1, h2):
+            drop_invalid(h)
+        h1.run(["iptables", "-w", "5", "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment",
+                "--comment", "nt-outgoing-invalid", "-j", "DROP"], check=True)
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path, timeout=45)
+            c1, c2 = d1.counters(), d2.counters()
+        invalid = [counted(h1, "nt-outgoing-invalid", "filter")[0]] + [counted(h, "nt-invalid", "filter")[0]
+                                                                  for h in (h1, h2)]
+    assert_words_equal(got, recon(small, -10).tobytes(), "gso through an INVALID-drop firewall")
+    assert c1["gso_super_packets"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
+    assert invalid == [0, 0, 0], f"conntrack found INVALID packets: {invalid}"
