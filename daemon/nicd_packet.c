@@ -179,16 +179,24 @@ static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
     fix_tcp_checksum(out, len);
 }
 
+/* Float alignment (rule 2): `head` raw bytes up to the stream's next float boundary, n whole
+ * floats, `tail` raw bytes after them. Returns 0 when the payload holds no whole float. */
+static int split_payload(size_t plen, uint32_t stream_off, size_t *head, size_t *n, size_t *tail)
+{
+    size_t h = (4 - (stream_off & 3)) & 3;
+    if (h > plen)
+        h = plen;
+    *head = h;
+    *n = (plen - h) / 4;
+    *tail = plen - h - 4 * *n;
+    return *n != 0;
+}
+
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
                         uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers)
 {
-    size_t plen = p->payload_len;
-    size_t head = (4 - (stream_off & 3)) & 3;
-    if (head > plen)
-        head = plen;
-    size_t n = (plen - head) / 4;
-    size_t tail = plen - head - 4 * n;
-    if (n == 0)
+    size_t plen = p->payload_len, head, n, tail;
+    if (!split_payload(plen, stream_off, &head, &n, &tail))
         return NICD_TOO_SHORT;
     size_t fixed = NICD_HDR_LEN + head + tail;
     /* Never bigger: the stream must fit in what is left of the original payload minus one byte.
@@ -283,13 +291,8 @@ ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int e
                             int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
                             uint64_t *tiers)
 {
-    size_t plen = p->payload_len;
-    size_t head = (4 - (stream_off & 3)) & 3;
-    if (head > plen)
-        head = plen;
-    size_t n = (plen - head) / 4;
-    size_t tail = plen - head - 4 * n;
-    if (n == 0)
+    size_t plen = p->payload_len, head, n, tail;
+    if (!split_payload(plen, stream_off, &head, &n, &tail))
         return NICD_TOO_SHORT;
     /* Room for a shim header, both raw ends and one worst-case group in every packet, and each
      * packet restorable into one verdict (<= NICD_MAX_VERDICT bytes, <= 16384 floats). */
