@@ -179,6 +179,21 @@ static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
     fix_tcp_checksum(out, len);
 }
 
+/* Write the shim header in front of a compressed payload of clen bytes whose body (raw ends
+ * and group stream) is already in place, CRC32C last. */
+static void seal_payload(uint8_t *c, size_t head, size_t tail, size_t nfloats, size_t clen)
+{
+    c[0] = NICD_MAGIC;
+    c[1] = (NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN;
+    c[2] = (uint8_t)(head | (tail << 2));
+    c[3] = 0;
+    c[4] = (uint8_t)nfloats;
+    c[5] = (uint8_t)(nfloats >> 8);
+    uint32_t crc = payload_crc(c, clen);
+    for (int i = 0; i < 4; i++)
+        c[6 + i] = (uint8_t)(crc >> (8 * i));
+}
+
 /* Float alignment (rule 2): `head` raw bytes up to the stream's next float boundary, n whole
  * floats, `tail` raw bytes after them. Returns 0 when the payload holds no whole float. */
 static int split_payload(size_t plen, uint32_t stream_off, size_t *head, size_t *n, size_t *tail)
@@ -219,18 +234,10 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
         inc_stream_histogram(c + NICD_HDR_LEN + head, (size_t)slen, n, tiers);
 
     memcpy(out, p->ip, p->payload_off);
-    c[0] = NICD_MAGIC;
-    c[1] = (NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN;
-    c[2] = (uint8_t)(head | (tail << 2));
-    c[3] = 0;
-    c[4] = (uint8_t)n;
-    c[5] = (uint8_t)(n >> 8);
     memcpy(c + NICD_HDR_LEN, src, head);
     memcpy(c + NICD_HDR_LEN + head + slen, src + head + 4 * n, tail);
     size_t clen = fixed + (size_t)slen;
-    uint32_t crc = payload_crc(c, clen);
-    for (int i = 0; i < 4; i++)
-        c[6 + i] = (uint8_t)(crc >> (8 * i));
+    seal_payload(c, head, tail, n, clen);
     size_t len = p->payload_off + clen;
     finish_packet(out, len, tos);
     return (ptrdiff_t)len;
@@ -258,19 +265,11 @@ static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *h
 {
     memcpy(out, p->ip, p->payload_off);
     uint8_t *c = out + p->payload_off;
-    c[0] = NICD_MAGIC;
-    c[1] = (NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN;
-    c[2] = (uint8_t)(nhead | (ntail << 2));
-    c[3] = 0;
-    c[4] = (uint8_t)nfloats;
-    c[5] = (uint8_t)(nfloats >> 8);
     memcpy(c + NICD_HDR_LEN, head, nhead);
     memcpy(c + NICD_HDR_LEN + nhead, s, slen);
     memcpy(c + NICD_HDR_LEN + nhead + slen, tail, ntail);
     size_t clen = NICD_HDR_LEN + nhead + slen + ntail;
-    uint32_t crc = payload_crc(c, clen);
-    for (int i = 0; i < 4; i++)
-        c[6 + i] = (uint8_t)(crc >> (8 * i));
+    seal_payload(c, nhead, ntail, nfloats, clen);
     uint16_t id = (uint16_t)(((unsigned)p->ip[4] << 8 | p->ip[5]) + idx); /* as the kernel's GSO */
     out[4] = (uint8_t)(id >> 8);
     out[5] = (uint8_t)id;
