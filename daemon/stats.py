@@ -70,13 +70,15 @@ class StatsServer:
                     pass
 
     def close(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=2)
-        self.sock.close()
+        # Unlink before closing: a client then finds no file ("no nicd is running") or is reset
+        # while queued ("went away"), never a refused connect that reads like a stale socket.
         try:
             self.path.unlink()
         except FileNotFoundError:
             pass
+        self._stop.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
 
 
 def read(path: str, timeout: float = 3.0) -> dict:
