@@ -13,8 +13,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
-from test_nicd import (PEER, PY, Transfer, assert_words_equal, grads, make_testbed, recon, running_nicd,  # noqa: F401
+from test_nicd import (PEER, PY, Transfer, grads, make_testbed, recon, running_nicd,  # noqa: F401
                        small)
 
 from inceptionn.daemon._datapath import ffi, lib
@@ -204,8 +205,14 @@ def test_spoofed_hello_flood_while_a_compressed_flow_runs(tmp_path, grads):
     report = (f"sent {sent}; arrived h2 {arrived2}, h1 {arrived1}; queue drops h1 {lost1} h2 {lost2}; "
               f"h1 {({k: v for k, v in d1c.items() if v})}; h2 {({k: v for k, v in d2c.items() if v})}")
     print(report)
-    # the flow: still negotiated, compressed to the end, bit-exact
-    assert_words_equal(got, recon(grads, -10).tobytes(), "the flow under the flood")
+    # the flow: still negotiated, compressed to the end, bit-exact. A segment too short to shrink
+    # (the last few bytes before the pause, say, when load splits the writes) travels raw and
+    # arrives as the original: allowed, within the raw bytes h1 counted over the whole run.
+    assert len(got) == len(data)
+    g, x, w = (np.frombuffer(b, np.uint32) for b in (got, data, recon(grads, -10).tobytes()))
+    either = (g == w) | (g == x)
+    assert either.all(), f"{(~either).sum()} values are neither original nor reconstruction; {report}"
+    assert np.count_nonzero(g != w) <= e1["egress_raw_bytes"] // 4, report
     assert d1c["egress_raw_not_negotiated"] == 0, report
     assert d1c["egress_compressed"] > 0 and e1["flows_negotiated"] == 1, report
     # (the flood shares the shaped link: a compressed packet may be lost there and sent again)
