@@ -1,8 +1,9 @@
 /* libinceptionn_tag: give the TCP sockets of an unmodified program the gradient ToS (0x28).
  *
  * Loaded with LD_PRELOAD (`inceptionn run`, `inceptionn mpirun`). The policy comes from
- * INCEPTIONN_TAG, checked once when the library loads: a bad policy ends the process right
- * there with one line on stderr and exit status 2, before the program's main() runs.
+ * INCEPTIONN_TAG, checked once when the library loads by tag_policy.c (the parser the CLI also
+ * runs, through cffi): a bad policy ends the process right there with one line on stderr and
+ * exit status 2, before the program's main() runs. The marks: inceptionn_contract.h.
  *
  *   all                 every TCP socket
  *   none                none by policy; only sockets the program tags itself

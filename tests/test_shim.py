@@ -438,6 +438,14 @@ def test_binding_names_the_character_position(text, position):
         parse_policy(text)
 
 
+def test_library_exports_only_its_interface(lib):
+    """The parser linked into the library (tag_policy.c) stays hidden: its names can never bind
+    to, or be taken by, a program's own symbols of the same name (nm: binutils, beside gcc)."""
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    assert sorted(line.split()[-1] for line in out.splitlines()) == [
+        "accept", "accept4", "connect", "inceptionn_tag_parse_policy", "inceptionn_tag_socket", "listen", "setsockopt"]
+
+
 @pytest.mark.parametrize("text,reason", BAD_POLICIES[:6] + WIRE_MARKS + BAD_POLICIES[-1:], ids=lambda v: repr(v)[:20])
 def test_library_refuses_bad_policy_before_main(lib, text, reason):
     env = dict(os.environ, LD_PRELOAD=lib, INCEPTIONN_TAG=text)
