@@ -7,8 +7,11 @@ PY := $(VENV)/bin/python
 CODEC_SRC := $(filter-out codecs_c/_%,$(wildcard codecs_c/*.c))
 CODEC_HDR := $(wildcard codecs_c/*.h) $(wildcard codecs_c/*.cdef)
 CODEC_UNIT_TESTS := $(patsubst codecs_c/tests/test_%.c,build/test_%_san,$(wildcard codecs_c/tests/test_*.c))
-FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fuzz_*.c)) build/fuzz_nicd_packet
-DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h)
+FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fuzz_*.c)) build/fuzz_nicd_packet \
+	build/fuzz_tag_policy
+DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h daemon/*.cdef)
+# The tagging shim: the preload library, the policy parser and the contract header (with .cdef).
+SHIM_SRC := $(wildcard shim/*.c shim/*.h shim/*.cdef) shim/build_ffi.py
 CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 # `make -j2 fuzz`: the long campaign, FUZZ_SECONDS per target (two at a time with -j2), over
@@ -24,7 +27,7 @@ all: $(VENV)/.installed
 
 # The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
 # package metadata changes.
-$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(wildcard shim/*.c) daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
@@ -56,6 +59,11 @@ build/fuzz_%: codecs_c/fuzz/fuzz_%.c $(CODEC_SRC) $(CODEC_HDR)
 build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -Idaemon -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
+
+# The tagging policy parser (user text from the environment, run in every preloaded process).
+build/fuzz_tag_policy: shim/fuzz/fuzz_tag_policy.c shim/tag_policy.c shim/tag_policy.h shim/inceptionn_contract.h
+	@mkdir -p build
+	clang $(CFLAGS_CHECK) -Ishim -fsanitize=fuzzer $(SANITIZE) $< shim/tag_policy.c -o $@
 
 # The campaign: each target under nice, its log and artifacts kept; the seeds in tests/fuzz_corpus/
 # stay as they are. A finding stops that target (exit 1); `make -k -j2 fuzz` runs the others on.
@@ -126,7 +134,7 @@ wheelhouse: build/wheelhouse/.complete
 
 PACKAGE_PY := $(wildcard inceptionn/*.py codecs_c/*.py daemon/*.py shim/*.py kernel_tc/*.py train/*.py bench/*.py)
 
-build/wheelhouse/.complete: pyproject.toml setup.py codecs_c/build_ffi.py daemon/build_ffi.py $(wildcard shim/*.c shim/*.h) $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC) $(PACKAGE_PY)
+build/wheelhouse/.complete: pyproject.toml setup.py codecs_c/build_ffi.py daemon/build_ffi.py $(SHIM_SRC) $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC) $(PACKAGE_PY)
 	rm -rf build/wheelhouse build/wheel-venv
 	$(SYSTEM_PYTHON) -m venv build/wheel-venv
 	build/wheel-venv/bin/pip wheel $(PIP_SYSTEM) --wheel-dir build/wheelhouse .

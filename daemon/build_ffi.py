@@ -30,49 +30,10 @@ def counter_names():
     raise RuntimeError("enum nicd_counter not found")
 
 
-CDEF = """
-enum { NICD_HDR_LEN = 10, NICD_MAX_PACKET = 65535, NICD_MAX_VERDICT = 65531, NICD_OPT_LEN = 16,
-       NICD_NONCE_LEN = 6 };
-struct nicd_pkt {
-    const uint8_t *ip; size_t len; size_t ihl; size_t thl; size_t payload_off; size_t payload_len;
-    uint32_t saddr, daddr; uint16_t sport, dport; uint32_t seq, ack; uint8_t tcp_flags; uint8_t tos;
-};
-struct nicd_hello_opt {
-    uint8_t version, role, codec, tos_compressed, orig_tos; int8_t error_bound; uint8_t nonce[6];
-};
-int nicd_find_option(const struct nicd_pkt *p, struct nicd_hello_opt *o);
-ptrdiff_t nicd_add_option(const struct nicd_pkt *p, const struct nicd_hello_opt *o, uint8_t tos,
-                          uint8_t *out, size_t cap);
-ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, uint8_t *out, size_t cap);
-int nicd_parse(const uint8_t *buf, size_t caplen, struct nicd_pkt *p);
-ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
-                        uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
-ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
-                            uint8_t tos, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
-                            int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
-                            uint64_t *tiers);
-ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size_t cap, float *scratch);
-uint16_t nicd_tcp_checksum(const uint8_t *ip, size_t len);
-uint32_t nicd_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
-const char *nicd_strerror(int result);
-
-int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s);
-void nicd_flows_free(void);
-uint32_t nicd_flows_expire(uint32_t *active, uint32_t *hellos);
-
-struct nicd_config {
-    uint16_t egress_queue, ingress_queue;
-    uint8_t tos_tagged, tos_compressed, tos_hello;
-    int error_bound;
-    uint32_t queue_maxlen;
-    int accept_only;
-    int gso;
-    volatile int stop;
-    volatile int ready;
-};
-struct nicd_stats { volatile uint64_t c[%d]; };
-int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t errlen);
-""" % len(counter_names())
+# Each header's declarations for cffi sit beside it in NAME.cdef, as for the codecs; constants
+# and array lengths are "...", so the C compiler supplies them from the headers.
+CDEF_FILES = [os.path.join(HERE, f"nicd_{name}.cdef") for name in ("packet", "flows", "queue")]
+CDEF = "\n".join(open(f).read() for f in CDEF_FILES)
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..limits import error_bound_problem
+from ..shim import contract
 
 DEFAULT_PATH = Path("/etc/inceptionn/nicd.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -23,13 +24,14 @@ CODECS = ("inceptionn",)  # codecs that are stateless per packet (see docs/soft-
 @dataclass
 class NicdConfig:
     interfaces: list[str] = field(default_factory=list)
-    tos: int = 0x28             # the application's mark (DSCP 10), set by the shim
-    tos_compressed: int = 0x2C  # DSCP 11 on the wire: payload compressed
-    tos_hello: int = 0x30       # DSCP 12 on SYN / SYN-ACK: "soft NIC here"
+    # the marks' defaults: shim/inceptionn_contract.h
+    tos: int = contract.TOS_TAGGED                  # the application's mark (DSCP 10), set by the shim
+    tos_compressed: int = contract.TOS_COMPRESSED   # DSCP 11 on the wire: payload compressed
+    tos_hello: int = contract.TOS_HELLO             # DSCP 12 on SYN / SYN-ACK: "soft NIC here"
     codec: str = "inceptionn"
     error_bound: int = -10
     queues: int = 1             # queue pairs, one thread each
-    queue_base: int = 7100      # egress queues base.., ingress queues base+queues..
+    queue_base: int = contract.QUEUE_BASE  # egress queues base.., ingress queues base+queues..
     queue_maxlen: int = 4096
     flow_timeout: int = 300     # seconds a flow may idle before its state is dropped
     flow_capacity: int = 65536

@@ -43,12 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..shim import contract
 from .config import NicdConfig
 
-# + "-<queue_base>" per instance; "-" keeps it unquoted in `iptables -S`, where the status
-# probe of shim/mpirun.py looks for "--comment inceptionn-nicd".
-COMMENT = "inceptionn-nicd"
-FAILCLOSED_COMMENT = "inceptionn-failclosed"  # the persistent drops, all instances
+# + "-<queue_base>" per instance (shim/inceptionn_contract.h); "-" keeps it unquoted in
+# `iptables -S`, which list_ours and the status probe of shim/mpirun.py read.
+COMMENT = contract.RULE_COMMENT
+FAILCLOSED_COMMENT = contract.FAILCLOSED_COMMENT  # the persistent drops, all instances
 TABLES = ("raw", "mangle")
 # Smallest tagged IP packet worth a queue round trip: 20 (IP) + up to 60 (TCP) + 20 bytes of
 # payload; below that the 10-byte shim header and tag words leave nothing to gain.
@@ -230,6 +231,23 @@ class Rule:
     def failclosed(self) -> bool:
         return self.comment == FAILCLOSED_COMMENT
 
+    def _value(self, *flags: str) -> str | None:
+        return next((v for k, v in zip(self.args, self.args[1:]) if k in flags), None)
+
+    @property
+    def queues(self) -> range:
+        """The NFQUEUE numbers the rule feeds (empty for a drop)."""
+        if (num := self._value("--queue-num")) is not None:
+            return range(int(num), int(num) + 1)
+        if (balance := self._value("--queue-balance")) is not None:
+            lo, _, hi = balance.partition(":")
+            return range(int(lo), int(hi or lo) + 1)
+        return range(0)
+
+    @property
+    def interface(self) -> str | None:
+        return self._value("-i", "-o")
+
 
 def check_access() -> None:
     """Refuse early, in one line, when iptables cannot read the rules (not root, no
@@ -237,19 +255,25 @@ def check_access() -> None:
     _iptables("-t", "raw", "-S", "PREROUTING")
 
 
+def parse_listing(table: str, text: str) -> list[Rule]:
+    """Our rules in what `iptables -t TABLE -S` printed."""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith("-A "):
+            continue
+        args = shlex.split(line)
+        if (comment := _comment(args)) is not None:
+            found.append(Rule(table, args, comment))
+    return found
+
+
 def list_ours() -> list[Rule]:
     """Every rule nicd put in this network namespace: all instances, and the drops."""
     found = []
     for table in TABLES:
         r = _iptables("-t", table, "-S", check=False)
-        if r.returncode != 0:
-            continue
-        for line in r.stdout.splitlines():
-            if not line.startswith("-A "):
-                continue
-            args = shlex.split(line)
-            if (comment := _comment(args)) is not None:
-                found.append(Rule(table, args, comment))
+        if r.returncode == 0:
+            found += parse_listing(table, r.stdout)
     return found
 
 
@@ -270,7 +294,12 @@ def bound_queues() -> set[int]:
         return set()
     except OSError as exc:  # guessing "none" here would remove running instances' rules
         raise UserError(f"cannot tell which nicd instances run: {QUEUE_PROC}: {exc.strerror}") from None
-    return {int(line.split()[0]) for line in text.splitlines() if line.split()}
+    return parse_bound(text)
+
+
+def parse_bound(text: str) -> set[int]:
+    """The bound queue numbers in the text of QUEUE_PROC (first column of each line)."""
+    return {int(words[0]) for words in map(str.split, text.splitlines()) if words and words[0].isdigit()}
 
 
 def remove_instance(queue_base: int) -> int:
@@ -293,3 +322,55 @@ def running_instances() -> list[int]:
 def remove_everything() -> int:
     """Delete every nicd rule of every instance and the fail-closed drops: `--uninstall`."""
     return _delete(list_ours())
+
+
+# --- another namespace's soft NIC, seen from outside (inceptionn mpirun's report) --------------------
+
+_SECTION = "@@inceptionn-rules@@"
+
+
+def probe_script() -> str:
+    """A shell script printing what probe_status reads, in the namespace it runs in: our tables'
+    rules and the bound queues. Needs no Python there."""
+    parts = [f"echo {_SECTION} {t}; iptables -w 5 -t {t} -S 2>&1" for t in TABLES]
+    parts.append(f"echo {_SECTION} queues; cat {QUEUE_PROC} 2>/dev/null")
+    return "; ".join(parts)
+
+
+@dataclass
+class ProbeStatus:
+    denied: bool          # iptables could not read the rules (not root)
+    rules: list[Rule]     # ours, the drops included
+    bound: set[int]       # queue numbers some process has bound
+
+    @property
+    def queue_rules(self) -> list[Rule]:
+        return [r for r in self.rules if not r.failclosed]
+
+    @property
+    def queues(self) -> list[int]:
+        """Every queue the instances' rules feed."""
+        return sorted({q for r in self.queue_rules for q in r.queues})
+
+    @property
+    def interfaces(self) -> list[str]:
+        return list(dict.fromkeys(r.interface for r in self.queue_rules if r.interface))
+
+    @property
+    def unread(self) -> list[int]:
+        """Queues fed by rules that no daemon reads (a stopped or crashed instance)."""
+        return sorted(set(self.queues) - self.bound)
+
+
+def probe_status(output: str) -> ProbeStatus:
+    """Read the output of probe_script."""
+    rules, bound, denied = [], set(), False
+    for section in output.split(_SECTION)[1:]:
+        name, _, body = section.partition("\n")
+        name = name.strip()
+        if name == "queues":
+            bound = parse_bound(body)
+        elif name in TABLES:
+            denied |= "Permission denied" in body or "you must be root" in body
+            rules += parse_listing(name, body)
+    return ProbeStatus(denied, rules, bound)

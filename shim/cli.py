@@ -5,9 +5,11 @@ import argparse
 
 from inceptionn.errors import UserError
 
-RUN_DESCRIPTION = """\
+from .contract import TOS_TAGGED
+
+RUN_DESCRIPTION = f"""\
 Run PROG with the tagging library preloaded (LD_PRELOAD): its TCP sockets that match POLICY
-get the gradient ToS (0x28 unless tos= says otherwise) before they connect or listen, so the
+get the gradient ToS ({TOS_TAGGED:#04x} unless tos= says otherwise) before they connect or listen, so the
 soft NIC compresses them. Nothing in the program changes; UDP and unix sockets are never
 tagged. A bad policy is refused before PROG starts. See docs/shim.md.
 
@@ -16,7 +18,7 @@ policy terms (comma separated; selectors add up):
   port=N[-M]                   the service port at either end (connect to it, or listen/accept on it)
   rport=N[-M] / lport=N[-M]    only the connecting side / only the listening side
   net=ADDR[/LEN]               peers in that IPv4 or IPv6 network
-  tos=V                        the mark, a multiple of 4 (default 0x28)
+  tos=V                        the mark, a multiple of 4 (default {TOS_TAGGED:#04x})
   override=keep|allow          keep (default): the tag survives the program's own IP_TOS calls
 
 example:

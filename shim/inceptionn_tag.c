@@ -1,8 +1,9 @@
 /* libinceptionn_tag: give the TCP sockets of an unmodified program the gradient ToS (0x28).
  *
  * Loaded with LD_PRELOAD (`inceptionn run`, `inceptionn mpirun`). The policy comes from
- * INCEPTIONN_TAG, checked once when the library loads: a bad policy ends the process right
- * there with one line on stderr and exit status 2, before the program's main() runs.
+ * INCEPTIONN_TAG, checked once when the library loads by tag_policy.c (the parser the CLI also
+ * runs, through cffi): a bad policy ends the process right there with one line on stderr and
+ * exit status 2, before the program's main() runs. The marks: inceptionn_contract.h.
  *
  *   all                 every TCP socket
  *   none                none by policy; only sockets the program tags itself
@@ -51,42 +52,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "inceptionn_contract.h"
 #include "inceptionn_tag.h"
+#include "tag_policy.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-#define DEFAULT_TOS 0x28
-/* The soft NIC's own DSCPs on the wire (daemon/config.py defaults): a program marked with one
- * would have its plain bytes taken for compressed data, or its SYNs for the soft NIC's hello. */
-#define DSCP_COMPRESSED 11
-#define DSCP_HELLO 12
 #define LOG_OPEN_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW)
-#define MAX_TERMS 32
-#define MAX_POLICY 4096
 
-enum kind { K_ALL, K_NONE, K_PORT, K_LPORT, K_RPORT, K_NET };
-static const char *const KIND_NAME[] = {"all", "none", "port", "lport", "rport", "net"};
-
-struct term {
-    enum kind kind;
-    unsigned lo, hi;         /* port terms */
-    int family;              /* net: AF_INET or AF_INET6 */
-    unsigned char addr[16];  /* net: network address, network byte order */
-    unsigned plen;
-};
-
-struct policy {
-    int n;
-    struct term t[MAX_TERMS];
-    int has_all, has_none, has_lport, has_rport, has_net; /* port= counts as lport and rport */
-    int tos;
-    int keep;
-};
-
-static struct policy P = {.tos = DEFAULT_TOS, .keep = 1}; /* read-only after init() */
+static struct tag_policy P = {.tos = INCEPTIONN_TOS_TAGGED, .keep = 1}; /* read-only after init() */
 static int g_active;                                      /* INCEPTIONN_TAG is set */
 static int g_log_level;
-static char g_log_path[1024];                             /* empty: stderr */
+static char g_log_path[TAG_LOG_PATH_MAX];                 /* empty: stderr */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static int (*real_connect)(int, const struct sockaddr *, socklen_t);
@@ -95,246 +72,16 @@ static int (*real_accept)(int, struct sockaddr *, socklen_t *);
 static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
 static int (*real_setsockopt)(int, int, int, const void *, socklen_t);
 
-/* --- policy parsing (mirrored by shim/policy.py; tests compare the two) --------------------- */
-
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int parse_uint(const char *s, size_t len, size_t maxdigits, unsigned *out)
-{
-    unsigned v = 0;
-    if (len == 0 || len > maxdigits)
-        return -1;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        v = v * 10 + (unsigned)(s[i] - '0');
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_range(const char *v, size_t len, struct term *t)
-{
-    const char *dash = memchr(v, '-', len);
-    unsigned lo, hi;
-    if (dash) {
-        if (parse_uint(v, (size_t)(dash - v), 5, &lo) || parse_uint(dash + 1, len - (size_t)(dash - v) - 1, 5, &hi))
-            return -1;
-    } else {
-        if (parse_uint(v, len, 5, &lo))
-            return -1;
-        hi = lo;
-    }
-    if (lo < 1 || hi > 65535 || lo > hi)
-        return -1;
-    t->lo = lo;
-    t->hi = hi;
-    return 0;
-}
-
-static int prefix_match(const unsigned char *a, const unsigned char *net, unsigned plen)
-{
-    unsigned full = plen / 8, rem = plen % 8;
-    if (memcmp(a, net, full) != 0)
-        return 0;
-    return rem == 0 || ((a[full] ^ net[full]) & (0xffu << (8 - rem)) & 0xffu) == 0;
-}
-
-static int parse_net(const char *term, size_t tl, const char *v, size_t len, struct term *t, char *err, size_t n)
-{
-    char buf[INET6_ADDRSTRLEN];
-    const char *slash = NULL;
-    for (size_t i = 0; i < len; i++)
-        if (v[i] == '/')
-            slash = v + i;
-    size_t alen = slash ? (size_t)(slash - v) : len;
-    if (alen == 0 || alen >= sizeof buf)
-        return fail(err, n, "bad network '%.*s': not an IPv4 or IPv6 address", (int)tl, term);
-    memcpy(buf, v, alen);
-    buf[alen] = 0;
-    t->family = memchr(buf, ':', alen) ? AF_INET6 : AF_INET;
-    if (inet_pton(t->family, buf, t->addr) != 1)
-        return fail(err, n, "bad network '%.*s': not an IPv4 or IPv6 address", (int)tl, term);
-    unsigned maxp = t->family == AF_INET ? 32 : 128;
-    t->plen = maxp;
-    if (slash && (parse_uint(slash + 1, len - alen - 1, 3, &t->plen) || t->plen > maxp))
-        return fail(err, n, "bad network '%.*s': prefix length must be 0-%u", (int)tl, term, maxp);
-    unsigned char net[16] = {0};
-    size_t bytes = t->family == AF_INET ? 4 : 16;
-    for (size_t i = 0; i < bytes; i++) {
-        unsigned keep = t->plen >= 8 * (i + 1) ? 8 : (t->plen > 8 * i ? t->plen - 8 * i : 0);
-        net[i] = (unsigned char)(t->addr[i] & (0xff00u >> keep));
-    }
-    if (memcmp(net, t->addr, bytes) != 0) {
-        char nbuf[INET6_ADDRSTRLEN];
-        inet_ntop(t->family, net, nbuf, sizeof nbuf);
-        return fail(err, n, "bad network '%.*s': host bits set (did you mean %s/%u?)", (int)tl, term, nbuf, t->plen);
-    }
-    return 0;
-}
-
-static int parse_tos(const char *v, size_t len, int *tos)
-{
-    unsigned x = 0;
-    if (len >= 3 && v[0] == '0' && (v[1] == 'x' || v[1] == 'X')) {
-        if (len > 4)
-            return -1;
-        for (size_t i = 2; i < len; i++) {
-            char c = v[i];
-            int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-            if (d < 0)
-                return -1;
-            x = x * 16 + (unsigned)d;
-        }
-    } else if (parse_uint(v, len, 3, &x)) {
-        return -1;
-    }
-    if (x < 4 || x > 252 || x % 4 != 0)
-        return -1;
-    *tos = (int)x;
-    return 0;
-}
-
-static int parse_policy(const char *text, struct policy *p, char *err, size_t n)
-{
-    memset(p, 0, sizeof *p);
-    p->tos = -1;
-    p->keep = -1;
-    size_t total = strlen(text);
-    if (total > MAX_POLICY)
-        return fail(err, n, "policy too long (%zu characters, at most %d)", total, MAX_POLICY);
-    for (size_t i = 0; i < total; i++)
-        if ((unsigned char)text[i] < 0x20 || (unsigned char)text[i] > 0x7e)
-            return fail(err, n, "non-printable or non-ASCII character at position %zu", i);
-    size_t blank = strspn(text, " ");
-    if (blank == total)
-        return fail(err, n, "empty policy");
-    int selectors = 0;
-    const char *s = text;
-    for (;;) {
-        const char *end = strchr(s, ',');
-        const char *a = s, *b = end ? end : s + strlen(s);
-        while (a < b && *a == ' ')
-            a++;
-        while (b > a && b[-1] == ' ')
-            b--;
-        size_t tl = (size_t)(b - a);
-        if (tl == 0)
-            return fail(err, n, "empty term (two commas in a row, or a comma at an end)");
-        const char *eq = memchr(a, '=', tl);
-        size_t kl = eq ? (size_t)(eq - a) : tl;
-        const char *v = eq ? eq + 1 : NULL;
-        size_t vl = eq ? (size_t)(b - v) : 0;
-#define KEY(k) (kl == sizeof(k) - 1 && memcmp(a, k, kl) == 0)
-        struct term t;
-        memset(&t, 0, sizeof t);
-        int is_selector = 1;
-        if (KEY("all") || KEY("none")) {
-            if (eq)
-                return fail(err, n, "'%.*s' takes no value", (int)kl, a);
-            t.kind = KEY("all") ? K_ALL : K_NONE;
-        } else if (KEY("port") || KEY("lport") || KEY("rport")) {
-            t.kind = KEY("port") ? K_PORT : KEY("lport") ? K_LPORT : K_RPORT;
-            if (!eq || parse_range(v, vl, &t))
-                return fail(err, n, "bad port range '%.*s': use N or N-M with 1 <= N <= M <= 65535", (int)tl, a);
-        } else if (KEY("net")) {
-            t.kind = K_NET;
-            if (!eq)
-                return fail(err, n, "bad network '%.*s': not an IPv4 or IPv6 address", (int)tl, a);
-            if (parse_net(a, tl, v, vl, &t, err, n))
-                return -1;
-        } else if (KEY("tos")) {
-            is_selector = 0;
-            if (p->tos >= 0)
-                return fail(err, n, "'tos' given twice");
-            if (!eq || parse_tos(v, vl, &p->tos))
-                return fail(err, n, "bad tos '%.*s': use a multiple of 4 from 4 to 252 (the low 2 bits are ECN), e.g. tos=0x28", (int)tl, a);
-            if (p->tos >> 2 == DSCP_COMPRESSED || p->tos >> 2 == DSCP_HELLO)
-                return fail(err, n, "bad tos '%.*s': DSCP %d is the soft NIC's own mark for %s on the wire; pick another, e.g. tos=0x28",
-                            (int)tl, a, p->tos >> 2, p->tos >> 2 == DSCP_COMPRESSED ? "compressed data" : "its handshake");
-        } else if (KEY("override")) {
-            is_selector = 0;
-            if (p->keep >= 0)
-                return fail(err, n, "'override' given twice");
-            if (eq && vl == 4 && memcmp(v, "keep", 4) == 0)
-                p->keep = 1;
-            else if (eq && vl == 5 && memcmp(v, "allow", 5) == 0)
-                p->keep = 0;
-            else
-                return fail(err, n, "bad override '%.*s': use keep or allow", (int)tl, a);
-        } else {
-            return fail(err, n, "unknown term '%.*s' (expected all, none, port=, lport=, rport=, net=, tos=, override=)", (int)tl, a);
-        }
-#undef KEY
-        if (is_selector) {
-            if (p->n == MAX_TERMS)
-                return fail(err, n, "too many selectors (at most %d)", MAX_TERMS);
-            p->t[p->n++] = t;
-            selectors++;
-            p->has_all |= t.kind == K_ALL;
-            p->has_none |= t.kind == K_NONE;
-            p->has_lport |= t.kind == K_LPORT || t.kind == K_PORT;
-            p->has_rport |= t.kind == K_RPORT || t.kind == K_PORT;
-            p->has_net |= t.kind == K_NET;
-        }
-        if (!end)
-            break;
-        s = end + 1;
-    }
-    if (selectors == 0)
-        return fail(err, n, "no selector: give all, none, port=, lport=, rport= or net=");
-    if (p->has_none && selectors > 1)
-        return fail(err, n, "'none' cannot be combined with other selectors");
-    if (p->has_all && selectors > 1)
-        return fail(err, n, "'all' cannot be combined with other selectors (it already covers every TCP socket)");
-    if (p->tos < 0)
-        p->tos = DEFAULT_TOS;
-    if (p->keep < 0)
-        p->keep = 1;
-    return 0;
-}
-
-static void canonical(const struct policy *p, char *out, size_t n)
-{
-    size_t used = 0;
-    out[0] = 0;
-    for (int i = 0; i < p->n && used < n; i++) {
-        const struct term *t = &p->t[i];
-        const char *sep = i ? "," : "";
-        if (t->kind == K_ALL || t->kind == K_NONE) {
-            used += (size_t)snprintf(out + used, n - used, "%s%s", sep, KIND_NAME[t->kind]);
-        } else if (t->kind == K_NET) {
-            char a[INET6_ADDRSTRLEN];
-            inet_ntop(t->family, t->addr, a, sizeof a);
-            used += (size_t)snprintf(out + used, n - used, "%snet=%s/%u", sep, a, t->plen);
-        } else if (t->lo == t->hi) {
-            used += (size_t)snprintf(out + used, n - used, "%s%s=%u", sep, KIND_NAME[t->kind], t->lo);
-        } else {
-            used += (size_t)snprintf(out + used, n - used, "%s%s=%u-%u", sep, KIND_NAME[t->kind], t->lo, t->hi);
-        }
-    }
-    if (used < n)
-        snprintf(out + used, n - used, ",tos=0x%02x,override=%s", p->tos, p->keep ? "keep" : "allow");
-}
-
+/* The library's own entry to the parser (tag_policy.c), for programs that want to check a
+ * policy the way the library will. */
 EXPORT int inceptionn_tag_parse_policy(const char *text, char *out, size_t outlen)
 {
-    struct policy p;
+    struct tag_policy p;
     if (!out || outlen == 0)
         return -1;
-    if (!text)
-        return fail(out, outlen, "empty policy");
-    if (parse_policy(text, &p, out, outlen))
+    if (tag_policy_parse(text, text ? strlen(text) : 0, &p, out, outlen))
         return -1;
-    canonical(&p, out, outlen);
+    tag_policy_text(&p, out, outlen);
     return 0;
 }
 
@@ -381,16 +128,6 @@ static void fmt_addr(const struct sockaddr *sa, socklen_t len, char *out, size_t
     }
 }
 
-static void describe_term(const struct term *t, char *out, size_t n)
-{
-    struct policy one = {.n = 1};
-    one.t[0] = *t;
-    canonical(&one, out, n);
-    char *comma = strchr(out, ',');
-    if (comma)
-        *comma = 0;
-}
-
 /* --- the loud failure at load time ------------------------------------------------------------ */
 
 static void die(const char *what, const char *value, const char *reason)
@@ -411,25 +148,6 @@ static void die(const char *what, const char *value, const char *reason)
     _exit(2);
 }
 
-static int parse_log(const char *v)
-{
-    const char *path = NULL;
-    if (v[0] >= '0' && v[0] <= '2' && (v[1] == 0 || v[1] == ':')) {
-        g_log_level = v[0] - '0';
-        if (v[1] == ':')
-            path = v + 2;
-    } else {
-        g_log_level = 1;
-        path = v;
-    }
-    if (path) {
-        if (path[0] != '/' || strlen(path) >= sizeof g_log_path)
-            return -1;
-        strcpy(g_log_path, path);
-    }
-    return 0;
-}
-
 static void init(void)
 {
     real_connect = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "connect");
@@ -442,7 +160,7 @@ static void init(void)
 
     /* secure_getenv: NULL under AT_SECURE, where the environment is the invoker's. */
     const char *log = secure_getenv("INCEPTIONN_TAG_LOG");
-    if (log && log[0] && parse_log(log))
+    if (log && tag_log_parse(log, strlen(log), &g_log_level, g_log_path, sizeof g_log_path))
         die("INCEPTIONN_TAG_LOG", log, "use 0, 1, 2, an absolute file path, or LEVEL:PATH");
     if (getauxval(AT_SECURE))
         g_log_path[0] = 0; /* never a file of the invoker's choosing, whatever set the path */
@@ -454,13 +172,13 @@ static void init(void)
     }
     const char *pol = secure_getenv("INCEPTIONN_TAG");
     if (pol) {
-        char err[512];
-        if (parse_policy(pol, &P, err, sizeof err))
+        char err[TAG_ERROR_MAX];
+        if (tag_policy_parse(pol, strlen(pol), &P, err, sizeof err))
             die("INCEPTIONN_TAG policy", pol, err);
         g_active = 1;
         if (g_log_level >= 2) {
-            char c[8192];
-            canonical(&P, c, sizeof c);
+            char c[TAG_POLICY_TEXT_MAX];
+            tag_policy_text(&P, c, sizeof c);
             logmsg("policy %s", c);
         }
     }
@@ -500,19 +218,19 @@ static int port_of(const struct sockaddr *sa, socklen_t len)
     return 0;
 }
 
-static int net_match(const struct term *t, const struct sockaddr *sa, socklen_t len)
+static int net_match(const struct tag_term *t, const struct sockaddr *sa, socklen_t len)
 {
     if (!sa)
         return 0;
     if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
         const unsigned char *a = (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr;
-        return t->family == AF_INET && prefix_match(a, t->addr, t->plen);
+        return t->family == AF_INET && tag_prefix_match(a, t->addr, t->plen);
     }
     if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
         const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
         if (t->family == AF_INET6)
-            return prefix_match(a6->s6_addr, t->addr, t->plen);
-        return IN6_IS_ADDR_V4MAPPED(a6) && prefix_match(a6->s6_addr + 12, t->addr, t->plen);
+            return tag_prefix_match(a6->s6_addr, t->addr, t->plen);
+        return IN6_IS_ADDR_V4MAPPED(a6) && tag_prefix_match(a6->s6_addr + 12, t->addr, t->plen);
     }
     return 0;
 }
@@ -521,16 +239,16 @@ static int net_match(const struct term *t, const struct sockaddr *sa, socklen_t 
 static int match(const struct sockaddr *peer, socklen_t peerlen, int lport, int rport)
 {
     for (int i = 0; i < P.n; i++) {
-        const struct term *t = &P.t[i];
+        const struct tag_term *t = &P.t[i];
         int l_in = lport > 0 && (unsigned)lport >= t->lo && (unsigned)lport <= t->hi;
         int r_in = rport > 0 && (unsigned)rport >= t->lo && (unsigned)rport <= t->hi;
         switch (t->kind) {
-        case K_ALL: return i;
-        case K_NONE: break;
-        case K_PORT: if (l_in || r_in) return i; break;
-        case K_LPORT: if (l_in) return i; break;
-        case K_RPORT: if (r_in) return i; break;
-        case K_NET: if (net_match(t, peer, peerlen)) return i; break;
+        case TAG_ALL: return i;
+        case TAG_NONE: break;
+        case TAG_PORT: if (l_in || r_in) return i; break;
+        case TAG_LPORT: if (l_in) return i; break;
+        case TAG_RPORT: if (r_in) return i; break;
+        case TAG_NET: if (net_match(t, peer, peerlen)) return i; break;
         }
     }
     return -1;
@@ -565,7 +283,7 @@ static void decide(int fd, int fam, int idx, const char *what)
         return;
     }
     char term[160];
-    describe_term(&P.t[idx], term, sizeof term);
+    tag_term_text(&P.t[idx], term, sizeof term);
     if (!P.keep) {
         int cur = get_tos(fd, fam);
         if (cur >= 0 && (cur & 0xfc) != 0 && (cur & 0xfc) != P.tos) {

@@ -37,13 +37,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inceptionn.daemon import rules
 from inceptionn.errors import UserError
 
+from .contract import TOS_TAGGED
 from .policy import Policy, check_log
 from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
 
 DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-60999)
-NICD_COMMENT = "inceptionn-nicd"     # daemon/rules.py marks every rule it installs with it
 
 # wrapper option -> takes a value
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
@@ -56,7 +57,7 @@ USAGE = "inceptionn mpirun [--tag POLICY] [--testbed NAME] [options] [mpirun arg
 HELP = f"""usage: {USAGE}
 
 Run OpenMPI's mpirun with the tagging library preloaded into every rank, so the job's gradient
-sockets carry ToS 0x28 and MPI's own sockets do not (see docs/shim.md).
+sockets carry ToS {TOS_TAGGED:#04x} and MPI's own sockets do not (see docs/shim.md).
 
 wrapper options (anywhere before the --; everything else before it goes to mpirun):
   --tag POLICY        what to tag (default: $INCEPTIONN_TAG): port selectors only, e.g.
@@ -226,55 +227,42 @@ def _port_terms(policy: Policy):
 
 # --- is the soft NIC running? -----------------------------------------------------------------------
 
-_PROBE = ("iptables -w 5 -t mangle -S 2>&1; echo @@inceptionn@@; "
-          "cat /proc/net/netfilter/nfnetlink_queue 2>/dev/null; echo @@inceptionn@@; "
-          "cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null")
+_EPHEMERAL = "@@inceptionn-ephemeral@@"
+_PROBE = f"{rules.probe_script()}; echo {_EPHEMERAL}; cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null"
 
 
 def nic_status(host=None) -> dict:
     """Whether nicd runs in ``host``'s namespace (None: here): its rules are installed and every
-    queue they feed has a listener. Also reads the namespace's ephemeral port range."""
+    queue they feed has a listener (daemon/rules.py reads both). Also reads the namespace's
+    ephemeral port range."""
     argv = ["sh", "-c", _PROBE]
     try:
         out = subprocess.run(host.command(argv) if host else argv, capture_output=True, text=True,
                              timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"state": "unknown", "running": False, "detail": f"cannot check: {exc}"}
-    parts = out.split("@@inceptionn@@")
-    rules_text, queues_text, eph_text = (parts + ["", "", ""])[:3]
+    rules_text, _, eph_text = out.partition(_EPHEMERAL)
     status: dict = {"ephemeral_ports": None}
     eph = eph_text.split()
     if len(eph) == 2 and all(x.isdigit() for x in eph):
         status["ephemeral_ports"] = [int(eph[0]), int(eph[1])]
-    if "Permission denied" in rules_text or "you must be root" in rules_text:
+    nic = rules.probe_status(rules_text)
+    if nic.denied:
         status.update(state="unknown", running=False, detail="cannot read netfilter rules (needs root)")
         return status
-    rules = [ln for ln in rules_text.splitlines() if ln.startswith("-A ") and f"--comment {NICD_COMMENT}" in ln]
-    queues, ifaces = set(), []
-    for ln in rules:
-        words = ln.split()
-        for flag, value in zip(words, words[1:]):
-            if flag == "--queue-num":
-                queues.add(int(value))
-            elif flag == "--queue-balance":
-                lo, _, hi = value.partition(":")
-                queues.update(range(int(lo), int(hi or lo) + 1))
-            elif flag in ("-o", "-i") and value not in ifaces:
-                ifaces.append(value)
-    bound = {int(ln.split()[0]) for ln in queues_text.splitlines() if ln.split() and ln.split()[0].isdigit()}
-    status.update(interfaces=ifaces, queues=sorted(queues))
-    if not rules:
+    queues, ifaces = nic.queues, nic.interfaces
+    status.update(interfaces=ifaces, queues=queues)
+    if not nic.queue_rules:
         status.update(state="stopped", running=False,
                       detail="soft NIC not running: tagged packets leave this host uncompressed")
-    elif queues - bound:
-        missing = sorted(queues - bound)
+    elif missing := nic.unread:
         status.update(state="stale", running=False,
                       detail=f"soft NIC not running: its rules are left but no daemon reads "
                              f"queue{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
                              "(`inceptionn nicd --cleanup` removes them)")
     else:
         status.update(state="running", running=True,
-                      detail=f"soft NIC running ({', '.join(ifaces)}; queues {_ranges(sorted(queues))})")
+                      detail=f"soft NIC running ({', '.join(ifaces)}; queues {_ranges(queues)})")
     return status
 
 

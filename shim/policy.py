@@ -1,8 +1,9 @@
 """The tagging policy: which TCP sockets of a program get the gradient ToS.
 
-The same grammar as the preload library (shim/inceptionn_tag.c, which checks it again when it
-loads); the tests hold the two to the same canonical form and the same reasons. Terms, comma
-separated, spaces around a term allowed:
+Parsed by the C parser the preload library itself runs (shim/tag_policy.c, bound here with cffi),
+so `inceptionn run` and `inceptionn mpirun` accept exactly the policies the library accepts,
+with the same canonical form and the same reasons. Terms, comma separated, spaces around a term
+allowed:
 
     all | none | port=N[-M] | lport=N[-M] | rport=N[-M] | net=ADDR[/LEN]     selectors (any matches)
     tos=V (default 0x28)    override=keep|allow (default keep)              options, at most once
@@ -16,19 +17,18 @@ NIC's own marks on the wire (compressed data, handshake).
 from __future__ import annotations
 
 import ipaddress
-import re
+import socket
 from dataclasses import dataclass, field
 
 from inceptionn.errors import UserError
 
-DEFAULT_TOS = 0x28
-# The soft NIC's DSCPs on the wire (daemon/config.py defaults): refused as a program's mark.
-WIRE_DSCPS = {11: "compressed data", 12: "its handshake"}
-MAX_POLICY = 4096
-MAX_TERMS = 32
-SELECTORS = ("all", "none", "port", "lport", "rport", "net")
-_UINT = re.compile(r"[0-9]+")
-_HEX = re.compile(r"0[xX][0-9a-fA-F]{1,2}")
+from ._policy import ffi, lib
+
+MAX_POLICY = lib.TAG_POLICY_MAX_LEN
+MAX_TERMS = lib.TAG_POLICY_MAX_TERMS
+# enum tag_kind -> the name a policy writes
+KINDS = {lib.TAG_ALL: "all", lib.TAG_NONE: "none", lib.TAG_PORT: "port", lib.TAG_LPORT: "lport",
+         lib.TAG_RPORT: "rport", lib.TAG_NET: "net"}
 
 
 class PolicyError(UserError):
@@ -37,30 +37,23 @@ class PolicyError(UserError):
 
 @dataclass(frozen=True)
 class Term:
-    kind: str                      # one of SELECTORS
+    kind: str                      # a value of KINDS
+    text: str                      # as the canonical form writes it, e.g. "port=23000-23099"
     lo: int = 0                    # port terms
     hi: int = 0
     network: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None
 
     def __str__(self) -> str:
-        if self.kind in ("all", "none"):
-            return self.kind
-        if self.kind == "net":
-            return f"net={_addr_str(self.network.network_address)}/{self.network.prefixlen}"
-        return f"{self.kind}={self.lo}" if self.lo == self.hi else f"{self.kind}={self.lo}-{self.hi}"
+        return self.text
 
 
 @dataclass(frozen=True)
 class Policy:
     terms: tuple[Term, ...]
-    tos: int = DEFAULT_TOS
-    keep: bool = True
+    tos: int
+    keep: bool
+    canonical: str                 # parses to itself; what INCEPTIONN_TAG is set to
     text: str = field(default="", compare=False)
-
-    @property
-    def canonical(self) -> str:
-        terms = ",".join(str(t) for t in self.terms)
-        return f"{terms},tos=0x{self.tos:02x},override={'keep' if self.keep else 'allow'}"
 
     def __str__(self) -> str:
         return self.canonical
@@ -81,122 +74,34 @@ class Policy:
         return [(t.kind, t.lo, t.hi) for t in self.terms if t.kind in ("port", "lport", "rport")]
 
 
-def _addr_str(addr) -> str:
-    """The address as glibc's inet_ntop writes it (IPv4-mapped and -compatible IPv6 addresses
-    end in a dotted quad), so both parsers print the same canonical form."""
-    if addr.version == 6:
-        w = [int.from_bytes(addr.packed[i:i + 2], "big") for i in range(0, 16, 2)]
-        dotted = str(ipaddress.IPv4Address(addr.packed[12:]))
-        if w[:5] == [0] * 5 and w[5] == 0xFFFF:
-            return f"::ffff:{dotted}"
-        if w[:6] == [0] * 6 and w[6] != 0:
-            return f"::{dotted}"
-    return str(addr)
+def _text(write, obj, size: int) -> str:
+    buf = ffi.new("char[]", size)
+    write(obj, buf, size)
+    return ffi.string(buf).decode()
 
 
-def _range(value: str | None) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    lo_s, dash, hi_s = value.partition("-")
-    if not dash:
-        hi_s = lo_s
-    if not (_UINT.fullmatch(lo_s) and _UINT.fullmatch(hi_s) and len(lo_s) <= 5 and len(hi_s) <= 5):
-        return None
-    lo, hi = int(lo_s), int(hi_s)
-    return (lo, hi) if 1 <= lo <= hi <= 65535 else None
-
-
-def _net(term: str, value: str | None):
-    bad = PolicyError(f"bad network '{term}': not an IPv4 or IPv6 address")
-    if value is None:
-        raise bad
-    addr_s, slash, plen_s = value.rpartition("/") if "/" in value else (value, "", "")
-    try:
-        if "%" in addr_s or not addr_s:
-            raise ValueError
-        addr = ipaddress.IPv6Address(addr_s) if ":" in addr_s else ipaddress.IPv4Address(addr_s)
-    except ValueError:
-        raise bad from None
-    maxp = addr.max_prefixlen
-    plen = maxp
-    if slash:
-        if not (_UINT.fullmatch(plen_s) and len(plen_s) <= 3 and int(plen_s) <= maxp):
-            raise PolicyError(f"bad network '{term}': prefix length must be 0-{maxp}")
-        plen = int(plen_s)
-    net = ipaddress.ip_network(f"{addr}/{plen}", strict=False)
-    if net.network_address != addr:
-        raise PolicyError(f"bad network '{term}': host bits set (did you mean {_addr_str(net.network_address)}/{plen}?)")
-    return net
-
-
-def _tos(value: str | None) -> int | None:
-    if value is None:
-        return None
-    if _HEX.fullmatch(value):
-        x = int(value, 16)
-    elif _UINT.fullmatch(value) and len(value) <= 3:
-        x = int(value)
-    else:
-        return None
-    return x if 4 <= x <= 252 and x % 4 == 0 else None
+def _term(t) -> Term:
+    """A Term from a ``struct tag_term *``."""
+    kind = KINDS[t.kind]
+    network = None
+    if kind == "net":
+        addr = bytes(ffi.buffer(t.addr))
+        network = (ipaddress.IPv4Network((addr[:4], t.plen)) if t.family == socket.AF_INET
+                   else ipaddress.IPv6Network((addr, t.plen)))
+    return Term(kind, _text(lib.tag_term_text, t, 128), t.lo, t.hi, network)
 
 
 def parse_policy(text: str) -> Policy:
-    """Parse and check a policy; raises PolicyError with the same reason the C library gives."""
-    if len(text) > MAX_POLICY:
-        raise PolicyError(f"policy too long ({len(text)} characters, at most {MAX_POLICY})")
-    for i, ch in enumerate(text):
-        if not " " <= ch <= "~":
-            raise PolicyError(f"non-printable or non-ASCII character at position {i}")
-    if not text.strip(" "):
-        raise PolicyError("empty policy")
-    terms: list[Term] = []
-    tos = keep = None
-    for raw in text.split(","):
-        term = raw.strip(" ")
-        if not term:
-            raise PolicyError("empty term (two commas in a row, or a comma at an end)")
-        key, eq, value = term.partition("=")
-        value = value if eq else None
-        if key in ("all", "none"):
-            if eq:
-                raise PolicyError(f"'{key}' takes no value")
-            terms.append(Term(key))
-        elif key in ("port", "lport", "rport"):
-            rng = _range(value)
-            if rng is None:
-                raise PolicyError(f"bad port range '{term}': use N or N-M with 1 <= N <= M <= 65535")
-            terms.append(Term(key, *rng))
-        elif key == "net":
-            terms.append(Term("net", network=_net(term, value)))
-        elif key == "tos":
-            if tos is not None:
-                raise PolicyError("'tos' given twice")
-            tos = _tos(value)
-            if tos is None:
-                raise PolicyError(f"bad tos '{term}': use a multiple of 4 from 4 to 252 "
-                                  "(the low 2 bits are ECN), e.g. tos=0x28")
-            if tos >> 2 in WIRE_DSCPS:
-                raise PolicyError(f"bad tos '{term}': DSCP {tos >> 2} is the soft NIC's own mark for "
-                                  f"{WIRE_DSCPS[tos >> 2]} on the wire; pick another, e.g. tos=0x28")
-        elif key == "override":
-            if keep is not None:
-                raise PolicyError("'override' given twice")
-            if value not in ("keep", "allow"):
-                raise PolicyError(f"bad override '{term}': use keep or allow")
-            keep = value == "keep"
-        else:
-            raise PolicyError(f"unknown term '{term}' (expected all, none, port=, lport=, rport=, net=, tos=, override=)")
-        if len(terms) > MAX_TERMS:
-            raise PolicyError(f"too many selectors (at most {MAX_TERMS})")
-    if not terms:
-        raise PolicyError("no selector: give all, none, port=, lport=, rport= or net=")
-    kinds = [t.kind for t in terms]
-    if "none" in kinds and len(terms) > 1:
-        raise PolicyError("'none' cannot be combined with other selectors")
-    if "all" in kinds and len(terms) > 1:
-        raise PolicyError("'all' cannot be combined with other selectors (it already covers every TCP socket)")
-    return Policy(tuple(terms), DEFAULT_TOS if tos is None else tos, True if keep is None else keep, text)
+    """Parse and check a policy; raises PolicyError with the library's reason."""
+    # Every character the C parser refuses stays a non-ASCII byte at the same position (all
+    # before it are ASCII), so its reason names the position the user sees.
+    raw = text.encode("utf-8", "surrogatepass")
+    p = ffi.new("struct tag_policy *")
+    err = ffi.new("char[]", lib.TAG_ERROR_MAX)
+    if lib.tag_policy_parse(raw, len(raw), p, err, len(err)) != 0:
+        raise PolicyError(ffi.string(err).decode())
+    terms = tuple(_term(p.t + i) for i in range(p.n))
+    return Policy(terms, p.tos, bool(p.keep), _text(lib.tag_policy_text, p, lib.TAG_POLICY_TEXT_MAX), text)
 
 
 def check_policy(text: str) -> Policy:
@@ -213,9 +118,8 @@ def check_policy(text: str) -> Policy:
 
 def check_log(value: str) -> str:
     """Validate an INCEPTIONN_TAG_LOG value as the library does: 0, 1, 2, /PATH or LEVEL:/PATH."""
-    if value == "" or (value[:1] in "012" and len(value) == 1):
-        return value
-    path = value[2:] if value[:1] in "012" and value[1:2] == ":" else value
-    if not path.startswith("/") or len(path) >= 1024:
+    raw = value.encode("utf-8", "surrogatepass")
+    level, path = ffi.new("int *"), ffi.new("char[]", lib.TAG_LOG_PATH_MAX)
+    if lib.tag_log_parse(raw, len(raw), level, path, len(path)) != 0:
         raise UserError(f"bad tag log '{value}': use 0, 1, 2, an absolute file path, or LEVEL:PATH")
     return value

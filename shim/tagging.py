@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 
-GRADIENT_TOS = 0x28
+from .contract import TOS_TAGGED as GRADIENT_TOS
 
 
 def tag_socket(sock: socket.socket, tos: int = GRADIENT_TOS) -> None:

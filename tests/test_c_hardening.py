@@ -1,7 +1,8 @@
 """The C code that faces the network under AddressSanitizer/UndefinedBehaviorSanitizer: every
 codec's C unit test (codecs_c/tests/test_*.c), and bounded libFuzzer runs of every codec decoder
-(codecs_c/fuzz/fuzz_*.c) and of the soft NIC's packet transforms. The Makefile builds the
-binaries; the seed corpus of fuzz_NAME is tests/fuzz_corpus/NAME.
+(codecs_c/fuzz/fuzz_*.c), of the soft NIC's packet transforms and of the tagging policy parser
+(shim/fuzz). The Makefile builds the binaries; the seed corpus of fuzz_NAME is
+tests/fuzz_corpus/NAME.
 
 The fuzz runs are a fixed count of executions from a fixed seed, not a time budget, with address
 randomisation off: the same inputs every run (the printed count of new units repeats exactly),
@@ -19,7 +20,7 @@ FUZZ_SEED = 1
 # under load.
 FUZZ_RUNS = 1_000_000
 UNIT_TESTS = sorted(p.stem for p in (ROOT / "codecs_c" / "tests").glob("test_*.c"))
-FUZZ_TARGETS = sorted(p.stem for p in (ROOT / "codecs_c" / "fuzz").glob("fuzz_*.c")) + ["fuzz_nicd_packet"]
+FUZZ_TARGETS = sorted(p.stem for p in (ROOT / "codecs_c" / "fuzz").glob("fuzz_*.c")) + ["fuzz_nicd_packet", "fuzz_tag_policy"]
 
 
 def make(target):

@@ -187,6 +187,39 @@ def test_mpirun_on_one_host_and_dry_run(tb_name, mpi_grad):
         assert len(plan["warnings"]) == 1 and "ephemeral port range 32768-60999" in plan["warnings"][0]
 
 
+def test_nic_status_reads_the_daemons_rules(tb_name, tmp_path):
+    """The report's per-host state, from the rules and bound queues of each namespace (read by
+    daemon/rules.py): running, stale after a crash (rules left, queues unread), stopped after a
+    clean stop (only the fail-closed drops are left), stopped where no daemon ever ran."""
+    from inceptionn.shim.mpirun import nic_status
+    with testbed.Testbed(hosts=2, name=tb_name) as tb:
+        h1, h2 = tb.hosts
+        log = tmp_path / "nicd.log"
+        with open(log, "wb") as logf:
+            proc = h1.popen([CLI, "nicd", "-i", h1.ifname, "--queues", "2", "--socket", str(tmp_path / "s")],
+                            stdout=logf, stderr=logf)
+        try:
+            deadline = time.monotonic() + 60
+            while b"nicd: ready" not in log.read_bytes():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            st = nic_status(h1)
+            assert (st["state"], st["queues"], st["interfaces"]) == ("running", [7100, 7101, 7102, 7103], ["eth0"]), st
+            assert st["detail"] == "soft NIC running (eth0; queues 7100-7103)"
+            assert st["ephemeral_ports"] == [32768, 60999]
+        finally:
+            proc.kill()   # a crash: the rules stay, nobody reads their queues
+            proc.wait()
+        st = nic_status(h1)
+        assert st["state"] == "stale" and "no daemon reads queues 7100, 7101, 7102, 7103" in st["detail"], st
+        r = h1.run([CLI, "nicd", "--cleanup"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "inceptionn-failclosed" in h1.run(["iptables-save", "-t", "raw"], capture_output=True, text=True).stdout
+        st = nic_status(h1)   # the drops alone are no daemon
+        assert (st["state"], st["queues"]) == ("stopped", []), st
+        assert nic_status(h2)["state"] == "stopped"
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--tag", "all", "--", "true"], "--tag all would tag MPI's own TCP sockets"),
     (["--tag", "net=198.18.0.0/24", "--", "true"], "--tag net= would tag MPI's own"),

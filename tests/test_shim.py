@@ -1,8 +1,9 @@
 """The tagging shim (shim/inceptionn_tag.c, ``inceptionn run``): unmodified C and Python programs
 with plain socket code (tests/shim_progs/sockprobe.{c,py}) get their TCP sockets tagged as the
 policy says, checked twice: getsockopt() in the program, and the DSCP of every packet the
-namespace sends, counted by iptables/ip6tables rules. Also: the C and Python policy parsers agree,
-bad policies fail loudly at load, and without a policy the library adds no system call.
+namespace sends, counted by iptables/ip6tables rules. Also: the policy parser (shim/tag_policy.c)
+gives the same verdicts in the preload library and through its Python binding, bad policies fail
+loudly at load, and without a policy the library adds no system call.
 
 The socket tests need root (a network namespace and netfilter rules inside it).
 """
@@ -372,8 +373,8 @@ def _dlopen(lib_path: str) -> ctypes.CDLL:
 
 
 def c_parse(lib_path: str, text: str) -> tuple[int, str]:
-    """The C library's own parser, called in this process (dlopen'ed RTLD_LOCAL: it interposes
-    nothing here, and with INCEPTIONN_TAG unset it is inert)."""
+    """The preload library's exported parser, called in this process (dlopen'ed RTLD_LOCAL: it
+    interposes nothing here, and with INCEPTIONN_TAG unset it is inert)."""
     lib = _dlopen(lib_path)
     buf = ctypes.create_string_buffer(8192)
     rc = lib.inceptionn_tag_parse_policy(text.encode(), buf, len(buf))
@@ -381,6 +382,7 @@ def c_parse(lib_path: str, text: str) -> tuple[int, str]:
 
 
 def py_parse(text: str) -> tuple[int, str]:
+    """The same C parser through the cffi binding the CLI uses (inceptionn.shim._policy)."""
     try:
         return 0, parse_policy(text).canonical
     except PolicyError as exc:
@@ -388,7 +390,7 @@ def py_parse(text: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("text,reason", BAD_POLICIES, ids=[b[0] or "empty" for b in BAD_POLICIES])
-def test_bad_policy_rejected_by_both_parsers(lib, text, reason):
+def test_bad_policy_rejected_by_library_and_cli(lib, text, reason):
     assert py_parse(text)[0] == -1 and reason in py_parse(text)[1]
     assert c_parse(lib, text) == py_parse(text)
 
@@ -411,8 +413,37 @@ _terms = st.one_of(st.sampled_from(["all", "none", "", " ", "all=1"]),
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_terms, min_size=1, max_size=5).map(",".join))
-def test_c_and_python_parsers_agree(lib, text):
+def test_library_and_binding_agree(lib, text):
+    """Two builds of one parser (the preload library, the cffi extension): a stale or differently
+    built library would show here."""
     assert c_parse(lib, text) == py_parse(text)
+
+
+def test_policy_terms_for_the_mpirun_checks():
+    """What inceptionn mpirun reads from a parsed policy: selector kinds, port ranges, networks."""
+    p = parse_policy("rport=5000,lport=6000-6001,net=198.18.0.0/24,net=::ffff:198.18.0.0/120,tos=0x38")
+    assert [str(t) for t in p.terms] == ["rport=5000", "lport=6000-6001", "net=198.18.0.0/24",
+                                          "net=::ffff:198.18.0.0/120"]
+    assert p.port_ranges() == [("rport", 5000, 5000), ("lport", 6000, 6001)]
+    assert [str(n) for n in p.nets()] == ["198.18.0.0/24", "::ffff:c612:0/120"]
+    assert (p.tos, p.keep, p.selects_all, p.is_none) == (0x38, True, False, False)
+    assert parse_policy("all").selects_all and parse_policy("none").is_none
+
+
+@pytest.mark.parametrize("text,position", [("all\x00", 3), ("port=5000,\u00e9", 10), ("all,\udcff", 4)])
+def test_binding_names_the_character_position(text, position):
+    """Text the C parser gets as bytes: a NUL is a character (not an end), and the position of
+    the first non-ASCII character is the one the user sees."""
+    with pytest.raises(PolicyError, match=f"non-printable or non-ASCII character at position {position}$"):
+        parse_policy(text)
+
+
+def test_library_exports_only_its_interface(lib):
+    """The parser linked into the library (tag_policy.c) stays hidden: its names can never bind
+    to, or be taken by, a program's own symbols of the same name (nm: binutils, beside gcc)."""
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    assert sorted(line.split()[-1] for line in out.splitlines()) == [
+        "accept", "accept4", "connect", "inceptionn_tag_parse_policy", "inceptionn_tag_socket", "listen", "setsockopt"]
 
 
 @pytest.mark.parametrize("text,reason", BAD_POLICIES[:6] + WIRE_MARKS + BAD_POLICIES[-1:], ids=lambda v: repr(v)[:20])

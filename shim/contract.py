@@ -1,0 +1,21 @@
+"""The tagging contract as Python sees it: the values of shim/inceptionn_contract.h, read through
+the cffi binding built from that header (the C code includes the same file), so there is one
+definition of each.
+
+TOS_TAGGED       0x28  a gradient socket's packets (DSCP 10), set by the shim or the program
+TOS_COMPRESSED   0x2c  on the wire: payload compressed by the soft NIC (DSCP 11)
+TOS_HELLO        0x30  on SYN / SYN-ACK: "soft NIC here" (DSCP 12)
+RULE_COMMENT           the soft NIC's queue rules: RULE_COMMENT + "-<queue base>"
+FAILCLOSED_COMMENT     its persistent drops of compressed packets
+QUEUE_BASE       7100  the first NFQUEUE number of a daemon
+"""
+from __future__ import annotations
+
+from ._policy import ffi, lib
+
+TOS_TAGGED: int = lib.INCEPTIONN_TOS_TAGGED
+TOS_COMPRESSED: int = lib.INCEPTIONN_TOS_COMPRESSED
+TOS_HELLO: int = lib.INCEPTIONN_TOS_HELLO
+RULE_COMMENT: str = ffi.string(lib.INCEPTIONN_RULE_COMMENT).decode()
+FAILCLOSED_COMMENT: str = ffi.string(lib.INCEPTIONN_FAILCLOSED_COMMENT).decode()
+QUEUE_BASE: int = lib.INCEPTIONN_QUEUE_BASE
