@@ -306,8 +306,7 @@ def test_inside_the_collective(tmp_path):
     same result on every rank, and what is sent over many calls adds up to the true sum."""
     import threading
 
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.rendezvous import FileStore
+    from inceptionn.collective import FileStore, Group
 
     world, n, calls = 3, 2003, 40
     rng = np.random.default_rng(0)

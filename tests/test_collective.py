@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 from inceptionn.codecs import Codec, available_codecs, get_codec
-from inceptionn.shim import scaling as sc
-from inceptionn.shim.collective import Group
-from inceptionn.shim.rendezvous import FileStore
-from inceptionn.shim.ring import block_bounds
+from inceptionn.collective import scaling as sc
+from inceptionn.collective import FileStore, Group
+from inceptionn.collective.ring import block_bounds
 
 CODEC = get_codec("inceptionn", error_bound=-10)
 

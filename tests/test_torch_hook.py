@@ -51,8 +51,8 @@ def ddp_job(rank: int, world: int, init_file: str, outdir: str, store_port: int)
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.torch_hook import RingHookState, register_ring_hook, ring_hook
+    from inceptionn.collective import Group
+    from inceptionn.collective.torch_hook import RingHookState, register_ring_hook, ring_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

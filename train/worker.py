@@ -78,8 +78,7 @@ def make_codec(cfg: dict):
 def make_group(cfg: dict, mode, codec):
     """This rank's collective group; the ranks meet through a FileStore in a directory every
     testbed host sees (they share the machine's filesystem)."""
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.rendezvous import FileStore
+    from inceptionn.collective import FileStore, Group
 
     store = FileStore(cfg["store"], timeout=cfg.get("rendezvous_timeout", 120.0))
     return Group(cfg["rank"], cfg["world"], store, bind_addr=cfg["bind_addr"], tag=mode == "nic",

@@ -1,7 +1,6 @@
 """Gradient collectives over TCP for the soft NIC: the INCEPTIONN ring and the WA baseline.
 
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.rendezvous import FileStore          # or torch.distributed.TCPStore
+    from inceptionn.collective import Group, FileStore     # or torch.distributed.TCPStore
 
     with Group(rank, world, FileStore("/shared/dir"), bind_addr="198.18.0.1") as g:
         total = g.allreduce(grad)                  # float32 sum, bit-identical on every rank
@@ -91,7 +90,7 @@ from ..codecs.base import check_vector
 from . import scaling as sc
 from .rendezvous import MPIExchange, TorchExchange, default_bind_addr, make_exchange
 from .ring import Timers, ring_allreduce
-from .tagging import GRADIENT_TOS
+from ..shim.tagging import GRADIENT_TOS
 from .transport import MAX_TOKEN, PLANES, Conn, Endpoint, Kind, PlaneCounters, connect
 from .wa import aggregate, broadcast_weights, worker_receive_weights, worker_send
 
