@@ -13,6 +13,17 @@ from collections.abc import Hashable
 import numpy as np
 
 
+class Sink:
+    """What the receivers did not get in one call, filled piece by piece as the pieces go on the
+    wire (a collective's engines call ``record`` for every position exactly once per call)."""
+
+    def __init__(self, n: int):
+        self.lost = np.empty(n, dtype=np.float32)
+
+    def record(self, a: int, b: int, sent: np.ndarray, decoded: np.ndarray) -> None:
+        np.subtract(sent, decoded, out=self.lost[a:b])
+
+
 class ErrorFeedback:
     """Residual memory keyed by tensor name (or bucket index)."""
 
@@ -21,6 +32,7 @@ class ErrorFeedback:
             raise ValueError(f"error-feedback decay must be in [0, 1], got {decay}")
         self.decay = float(decay)
         self._residual: dict[Hashable, np.ndarray] = {}
+        self._sinks: dict[Hashable, Sink] = {}
 
     def compensate(self, key: Hashable, x: np.ndarray) -> np.ndarray:
         """``x`` plus what was lost for ``key`` last time (a new array; ``x`` is not modified)."""
@@ -30,6 +42,27 @@ class ErrorFeedback:
         if r.shape != x.shape:
             raise ValueError(f"error-feedback key {key!r}: shape {x.shape} differs from the stored {r.shape}")
         return (x + r).astype(np.float32, copy=False)
+
+    def compensate_into(self, key: Hashable, x: np.ndarray, out: np.ndarray) -> None:
+        """``out = x`` plus what was lost for ``key`` last time, without a temporary (``out`` may
+        be ``x``)."""
+        r = self._residual.get(key)
+        if r is None:
+            if out is not x:
+                out[:] = x
+            return
+        if r.shape != x.shape:
+            raise ValueError(f"error-feedback key {key!r}: {x.size} values now, {r.size} last time; "
+                             "pass a distinct key= for each tensor")
+        np.add(x, r, out=out)
+
+    def sink(self, key: Hashable, n: int) -> Sink:
+        """The key's Sink for a call of ``n`` values, reused: n fresh floats every call would cost
+        page faults, not just memory. Hand ``sink.lost`` to ``store`` when the call is done."""
+        s = self._sinks.get(key)
+        if s is None or s.lost.size != n:
+            s = self._sinks[key] = Sink(n)
+        return s
 
     def update(self, key: Hashable, compensated: np.ndarray, reconstructed: np.ndarray) -> None:
         """Remember what the receiver will not see: ``compensated - reconstructed``."""

@@ -8,80 +8,29 @@
         g.barrier(); m = g.max_scalar(loss)
         print(g.stats.as_dict())
 
-Construction (collective: every rank must construct its Group)
-    ``Group(rank, world, store, *, bind_addr=None, port=0, tag=True, tos=0x28, chunk_bytes=256 KiB,
-    bucket_values=65536, codec=None, compress="nic", verify="first", timeout=300, prefix="inceptionn")``
+The whole API, its options and guarantees: docs/collectives.md. In short:
 
-    - ``store``: ``set(key, bytes)`` + blocking ``get(key) -> bytes`` (``torch.distributed.TCPStore``,
-      ``rendezvous.FileStore``), or anything with ``exchange(str) -> list[str]``.
-      ``Group.from_mpi(comm=None, **kw)`` and ``Group.from_torch(process_group=None, **kw)`` use
-      MPI ``allgather`` / ``torch.distributed.all_gather_object`` instead.
-    - ``bind_addr``: the local address all sockets use (on a testbed host: its testbed address).
-      Default: ``rendezvous.default_bind_addr()``.
-    - ``codec``: what the soft NIC runs (must match the daemons' ``error_bound``!) and the default
-      for ``compress="app"``. Default ``get_codec("inceptionn", error_bound=-10)``.
-    - ``tag=False`` opens the "gradient" sockets untagged: the same computation as ``compress="nic"``
-      with no NIC compressing (an A/B switch for benchmarks).
-    - ``verify``: ``"first"`` (default) compares a CRC of the first ``compress="nic"`` result of
-      each group across ranks over the control plane and raises if replicas differ (it catches a
-      daemon running another error bound than ``codec``); ``"always"``; ``"never"``.
-
-Collectives (every rank calls the same ones in the same order; a mismatch raises RuntimeError)
-    ``allreduce(x, *, compress=<group default>, codec=None, scaling=None, error_feedback=None,
-    key=None, out=None, average=False, verify=None) -> np.ndarray``
-        Ring allreduce (docs/spec.md section 2) of a 1-D float32 array of any length; returns the sum
-        (``average=True``: sum / world), bit-identical on every rank. ``out`` may be ``x``
-        (in place). ``compress``:
-
-        - ``"nic"``: gradient chunks go on sockets tagged ToS 0x28, so the soft NICs compress them
-          in both phases. Every value sent is the codec's reconstruction of itself (a fixed point,
-          see ring.py), so it arrives identical compressed or raw: the result is the same bit for
-          bit with or without daemons running, only the time differs.
-        - ``"app"``: ``codec`` (any registered codec, a name or a Codec) runs inside the collective
-          on untagged sockets: decode-add-encode per hop, one blob per block forwarded in phase 2.
-          Codecs with ``needs_agreement`` get ``agree(max over ranks of local_stat, round)`` first.
-        - ``None``: plain float32, untagged, nothing lossy.
-
-        ``scaling`` (exact power of two per bucket of ``bucket_values``, agreed as the max over
-        ranks so partial sums over the N ranks stay below 1.0) and ``error_feedback`` (residual of
-        what this rank sent vs what its receiver decodes, added back next call, kept per ``key``,
-        default key: the length; exact, because what a receiver decodes is known) default to on
-        for the inceptionn codec (``"nic"``/``"app"``), error feedback also for 3LC, both off
-        otherwise (``SCALING_HELPS``, ``ERROR_FEEDBACK_HELPS``); True/False force them. Pass
-        ``key`` when reducing several tensors of equal length.
-
-    ``wa_step(grad, update_fn=None, *, aggregator=0, compress=..., codec=None, scaling=None,
-    error_feedback=None, key=None) -> np.ndarray``
-        WA baseline: every rank but ``aggregator`` sends its gradient (tagged with ``"nic"``: the
-        compressed leg); the aggregator sums the gradients (its own too, unless it passes
-        ``grad=None``: a dedicated aggregator), calls ``update_fn(sum) -> weights`` (float32 1-D,
-        any length; only the aggregator's ``update_fn`` runs) and sends the weights back untagged.
-        Returns the weights, bit-identical on every rank. Scaling uses headroom 1 (sums are
-        formed after decoding, never on the wire).
-
-    ``barrier()``, ``max_scalar(v)``, ``sum_scalar(v)``, ``control_allreduce(values, op="max"|"min"|
-    "sum")`` (small float64 vectors, reduced in rank order at rank 0: identical everywhere),
-    ``broadcast(x, root=0)`` (float32 array, e.g. initial weights): all on the untagged control
-    plane (a star: every rank has one connection to rank 0).
-
-Introspection
-    ``stats`` (``GroupStats``: ``last`` and ``total`` ``CallStats`` and ``by_op``: seconds of the
-    whole call, of the data exchange, of control rounds, CPU seconds summing, in the codec and
-    scaling; bytes sent/received per plane ``gradient`` (tagged), ``data`` (untagged data) and
-    ``control``; ``as_dict()``), ``reset_stats()``, ``connections()`` (kind, peer, plane, ToS of
-    every socket), ``error_feedback`` (the ``ErrorFeedback`` memory), ``close()`` / context manager.
-
-Failures: a dead peer raises ConnectionError, a silent one TimeoutError after ``timeout`` s; the
-group is then unusable (every later call raises). Wrong arguments raise TypeError/ValueError
-before anything is sent, and leave the group usable.
+- Construction is collective. ``store`` is anything with ``set(key, bytes)`` and a blocking
+  ``get(key)`` (``torch.distributed.TCPStore``, ``FileStore``); ``Group.from_mpi`` and
+  ``Group.from_torch`` rendezvous through MPI or torch.distributed instead. ``codec`` is what the
+  soft NICs run (must match the daemons' ``error_bound``).
+- Every rank calls the same collectives in the same order; a mismatch raises RuntimeError on
+  every rank. ``allreduce`` is the ring (ring.py), ``wa_step`` the worker-aggregator baseline
+  (wa.py); both go through the steps of pipeline.py. ``compress="nic"`` puts the gradient on
+  sockets tagged for the soft NIC, ``"app"`` runs any codec inside the collective, ``None`` sends
+  plain float32. The result is bit-identical on every rank.
+- ``scaling`` and ``error_feedback`` default to what suits the codec (docs/collectives.md); True/False
+  force them. Pass ``key`` when reducing several tensors of equal length.
+- ``barrier``, ``max_scalar``, ``sum_scalar``, ``control_allreduce`` and ``broadcast`` run on the
+  untagged control plane (control.py); ``stats`` (stats.py), ``connections()`` and
+  ``error_feedback`` are there to look inside.
+- A dead peer raises ConnectionError, a silent one TimeoutError after ``timeout`` s; the group
+  is then unusable. Wrong arguments raise TypeError/ValueError before anything is sent.
 """
 from __future__ import annotations
 
-import struct
 import threading
-import time
 import zlib
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -89,28 +38,17 @@ from ..codecs import Codec, ErrorFeedback, get_codec
 from ..codecs.base import check_vector
 from . import scaling as sc
 from .rendezvous import MPIExchange, TorchExchange, default_bind_addr, make_exchange
-from .ring import Timers, ring_allreduce
 from ..shim.tagging import GRADIENT_TOS
-from .transport import MAX_TOKEN, PLANES, Conn, Endpoint, Kind, PlaneCounters, connect
+from .control import (MODE_CODE, OP_ALLREDUCE, OP_BARRIER, OP_REDUCE, OP_VERIFY, OP_WA, OP_WA_SCALE,
+                      REDUCE_OPS, ControlPlane, codec_id)
+from .ring import ring_allreduce
+from .pipeline import Pipeline
+from .stats import CallStats, GroupStats
+from .transport import MAX_TOKEN, Conn, Endpoint, Kind, PlaneCounters, connect
 from .wa import aggregate, broadcast_weights, worker_receive_weights, worker_send
 
 __all__ = ["Group", "CallStats", "GroupStats"]
 
-_CTRL = struct.Struct("<4sIIII")       # magic, seq, op, meta count, value count
-_REPLY = struct.Struct("<4sIIII")      # magic, seq, status, value count, message bytes
-_MAGIC, _RMAGIC = b"INCC", b"INCR"
-OP_BARRIER, OP_REDUCE, OP_ALLREDUCE, OP_AGREE, OP_VERIFY, OP_WA, OP_WA_SCALE, OP_BCAST = range(1, 9)
-_OP_NAMES = {OP_BARRIER: "barrier", OP_REDUCE: "control_allreduce", OP_ALLREDUCE: "allreduce",
-             OP_AGREE: "codec agreement", OP_VERIFY: "verify", OP_WA: "wa_step", OP_WA_SCALE: "wa_step scaling",
-             OP_BCAST: "broadcast"}
-_META_NAMES = {
-    OP_REDUCE: ("op", "count"),
-    OP_ALLREDUCE: ("n", "compress", "codec", "chunk_values", "bucket_values", "scaling"),
-    OP_WA: ("aggregator", "compress", "codec", "chunk_values", "bucket_values", "scaling"),
-    OP_BCAST: ("root", "count"),
-}
-_MODE_CODE = {"raw": 0, "nic": 1, "app": 2}
-_REDUCE_OPS = {"max": 0, "min": 1, "sum": 2}
 _DEFAULT = object()
 # Defaults of scaling / error_feedback per codec: the INCEPTIONN codec keeps absolute precision
 # (scaling puts gradients into its range) and drops what falls below it (error feedback brings it
@@ -121,83 +59,6 @@ ERROR_FEEDBACK_HELPS = frozenset({"inceptionn", "3lc"})
 # Codecs that work value by value can be cut into pipeline chunks anywhere; the others see one
 # whole ring block (or the whole gradient in WA) per encode, their per-tensor unit.
 PER_VALUE_CODECS = frozenset({"inceptionn"})
-
-
-# --- statistics --------------------------------------------------------------------------------
-
-@dataclass
-class CallStats:
-    """One call, or a sum of calls. Seconds are wall time except sum/codec/scale (CPU, overlapped)."""
-
-    op: str = ""
-    calls: int = 0
-    n: int = 0
-    compress: str | None = None
-    seconds: float = 0.0
-    exchange_seconds: float = 0.0
-    control_seconds: float = 0.0
-    sum_seconds: float = 0.0
-    codec_seconds: float = 0.0
-    scale_seconds: float = 0.0
-    bytes_sent: dict = field(default_factory=lambda: dict.fromkeys(PLANES, 0))
-    bytes_received: dict = field(default_factory=lambda: dict.fromkeys(PLANES, 0))
-
-    @property
-    def comm_seconds(self) -> float:
-        """Time in communication: the data exchange plus the control rounds."""
-        return self.exchange_seconds + self.control_seconds
-
-    def add(self, o: "CallStats") -> None:
-        self.calls += o.calls
-        self.n += o.n
-        for f in ("seconds", "exchange_seconds", "control_seconds", "sum_seconds", "codec_seconds", "scale_seconds"):
-            setattr(self, f, getattr(self, f) + getattr(o, f))
-        for p in PLANES:
-            self.bytes_sent[p] += o.bytes_sent[p]
-            self.bytes_received[p] += o.bytes_received[p]
-
-    def as_dict(self) -> dict:
-        return {"op": self.op, "calls": self.calls, "n": self.n, "compress": self.compress,
-                "seconds": self.seconds, "comm_seconds": self.comm_seconds,
-                "exchange_seconds": self.exchange_seconds, "control_seconds": self.control_seconds,
-                "sum_seconds": self.sum_seconds, "codec_seconds": self.codec_seconds,
-                "scale_seconds": self.scale_seconds,
-                "bytes_sent": dict(self.bytes_sent), "bytes_received": dict(self.bytes_received)}
-
-
-@dataclass
-class GroupStats:
-    total: CallStats = field(default_factory=lambda: CallStats(op="total"))
-    last: CallStats | None = None
-    by_op: dict = field(default_factory=dict)
-
-    def record(self, c: CallStats) -> None:
-        self.last = c
-        self.total.add(c)
-        self.by_op.setdefault(c.op, CallStats(op=c.op)).add(c)
-
-    def as_dict(self) -> dict:
-        return {"total": self.total.as_dict(), "last": self.last.as_dict() if self.last else None,
-                "by_op": {k: v.as_dict() for k, v in self.by_op.items()}}
-
-
-class _Sink:
-    """Error-feedback bookkeeping of one call: ``sent - decoded`` for every position this rank
-    put on the wire (each position exactly once per call)."""
-
-    def __init__(self, n: int):
-        self.lost = np.empty(n, dtype=np.float32)
-
-    def record(self, a: int, b: int, sent: np.ndarray, decoded: np.ndarray) -> None:
-        np.subtract(sent, decoded, out=self.lost[a:b])
-
-
-def _codec_id(c: Codec | None) -> int:
-    if c is None:
-        return 0
-    params = sorted((k, v) for k, v in vars(c).items()
-                    if not k.startswith("_") and k != "impl" and isinstance(v, (int, float, str, bool)))
-    return zlib.crc32(f"{c.name}:{params}".encode()) & 0x7FFFFFFF
 
 
 def _check_rank(rank, world) -> tuple[int, int]:
@@ -247,8 +108,7 @@ class Group:
             raise ValueError("bind_addr must be an address of this host the other ranks can reach (it is what "
                              f"they connect to), not the wildcard {self.bind_addr!r}")
         self._conns: dict[tuple, Conn] = {}
-        self._sinks: dict = {}
-        self._seq = 0
+        self._plane = ControlPlane(self.rank, self.world, {})
         self._calls = 0
         self._verified = False
         self._broken: BaseException | None = None
@@ -265,9 +125,9 @@ class Group:
                 self._endpoint.set_group(self._token, self.world)
                 if self.rank == 0:
                     for r in range(1, self.world):
-                        self._conns[("in", Kind.CONTROL, r)] = self._endpoint.wait(Kind.CONTROL, r, self.timeout)
+                        self._plane.links[r] = self._incoming(Kind.CONTROL, r)
                 else:
-                    self._conns[("out", Kind.CONTROL, 0)] = self._open(Kind.CONTROL, 0)
+                    self._plane.links[0] = self._outgoing(Kind.CONTROL, 0)
                 self.barrier()
             else:
                 self.endpoints = [self._endpoint.endpoint]
@@ -405,80 +265,6 @@ class Group:
             raise ValueError("out must be C-contiguous and writable")
         return out
 
-    # --- control plane -------------------------------------------------------------------------
-
-    def _control(self, op: int, meta: list[int], values=None) -> np.ndarray:
-        """One round over the star: every rank sends (op, meta, values) to rank 0, which checks
-        that op and meta agree, reduces the values (max, or what meta[0] says for OP_REDUCE) and
-        sends the result back."""
-        vals = np.ascontiguousarray(values if values is not None else np.empty(0), dtype=np.float64)
-        meta_a = np.asarray(meta, dtype=np.int64)
-        self._seq += 1
-        if self.world == 1:
-            return vals.copy()
-        hdr = _CTRL.pack(_MAGIC, self._seq & 0xFFFFFFFF, op, meta_a.size, vals.size)
-        if self.rank != 0:
-            c = self._conns[("out", Kind.CONTROL, 0)]
-            c.send(hdr + meta_a.tobytes() + vals.tobytes())
-            magic, seq, status, count, msglen = _REPLY.unpack(c.recv_bytes(_REPLY.size))
-            if magic != _RMAGIC or seq != self._seq & 0xFFFFFFFF:
-                raise ConnectionError("control plane out of step with rank 0 (protocol mismatch)")
-            out = np.empty(count, dtype=np.float64)
-            c.recv_into(out)
-            msg = c.recv_bytes(msglen).decode(errors="replace") if msglen else ""
-            if status:
-                raise RuntimeError(msg)
-            return out
-        acc = vals.copy()
-        parts = []
-        error = ""
-        for r in range(1, self.world):
-            c = self._conns[("in", Kind.CONTROL, r)]
-            magic, seq, rop, nm, nv = _CTRL.unpack(c.recv_bytes(_CTRL.size))
-            if magic != _MAGIC or nm > 64 or nv > (1 << 24):
-                raise ConnectionError(f"garbage on the control connection of rank {r}")
-            if seq != self._seq & 0xFFFFFFFF:
-                raise ConnectionError(f"control plane out of step with rank {r} (its round {seq}, ours {self._seq})")
-            rmeta = np.frombuffer(c.recv_bytes(8 * nm), dtype=np.int64)
-            rvals = np.frombuffer(c.recv_bytes(8 * nv), dtype=np.float64)
-            parts.append(rvals)
-            if not error and (rop != op or not np.array_equal(rmeta, meta_a) or nv != vals.size):
-                error = (f"collective mismatch: rank 0 called {self._describe(op, meta_a, vals.size)}, "
-                         f"rank {r} called {self._describe(rop, rmeta, nv)}")
-        if not error:
-            kind = int(meta_a[0]) if op == OP_REDUCE else _REDUCE_OPS["max"]
-            for p in parts:
-                if kind == _REDUCE_OPS["sum"]:
-                    acc += p
-                elif kind == _REDUCE_OPS["min"]:
-                    np.minimum(acc, p, out=acc)
-                else:
-                    np.maximum(acc, p, out=acc)
-        body = acc.tobytes() if not error else b""
-        msg = error.encode()
-        reply = _REPLY.pack(_RMAGIC, self._seq & 0xFFFFFFFF, 1 if error else 0, 0 if error else acc.size, len(msg))
-        for r in range(1, self.world):
-            self._conns[("in", Kind.CONTROL, r)].send(reply + body + msg)
-        if error:
-            raise RuntimeError(error)
-        return acc
-
-    @staticmethod
-    def _describe(op: int, meta, nvals: int) -> str:
-        names = _META_NAMES.get(op, ())
-        args = ", ".join(f"{k}={int(v)}" for k, v in zip(names, meta))
-        if op in (OP_ALLREDUCE, OP_WA) and len(meta) > 1:
-            mode = {v: k for k, v in _MODE_CODE.items()}.get(int(meta[1]), "?")
-            args = args.replace(f"compress={int(meta[1])}", f"compress={mode!r}")
-        return f"{_OP_NAMES.get(op, f'op {op}')}({args})"
-
-    def _timed_control(self, call: CallStats, op: int, meta: list[int], values=None) -> np.ndarray:
-        t = time.perf_counter()
-        try:
-            return self._control(op, meta, values)
-        finally:
-            call.control_seconds += time.perf_counter() - t
-
     def _guard(self, fn, *args):
         """Run one collective: errors after communication started make the group unusable."""
         self._check_usable()
@@ -490,17 +276,17 @@ class Group:
                 raise
 
     def barrier(self) -> None:
-        self._guard(self._control, OP_BARRIER, [])
+        self._guard(self._plane.round, OP_BARRIER, [])
 
     def control_allreduce(self, values, op: str = "max") -> np.ndarray:
         """Reduce a small float64 vector over all ranks on the control plane (``max``/``min``/``sum``;
         rank order at rank 0, so the result is identical on every rank)."""
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"op must be one of {', '.join(_REDUCE_OPS)}, got {op!r}")
+        if op not in REDUCE_OPS:
+            raise ValueError(f"op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
         v = np.atleast_1d(np.asarray(values, dtype=np.float64))
         if v.ndim != 1:
             raise ValueError("control_allreduce takes a scalar or a 1-D vector")
-        return self._guard(self._control, OP_REDUCE, [_REDUCE_OPS[op], v.size], v)
+        return self._guard(self._plane.round, OP_REDUCE, [REDUCE_OPS[op], v.size], v)
 
     def max_scalar(self, v: float) -> float:
         return float(self.control_allreduce([v], "max")[0])
@@ -514,27 +300,7 @@ class Group:
             raise ValueError(f"root must be a rank in 0..{self.world - 1}, got {root!r}")
         if self.rank == root:
             x = check_vector(x)
-        return self._guard(self._broadcast, x, root)
-
-    def _broadcast(self, x, root: int) -> np.ndarray:
-        count = int(self._control(OP_BCAST, [root, 0], [x.size if self.rank == root else -1])[0])
-        if self.world == 1:
-            return x.copy()
-        if self.rank == 0:
-            data = x.copy() if root == 0 else np.empty(count, dtype=np.float32)
-            if root != 0:
-                self._conns[("in", Kind.CONTROL, root)].recv_into(data)
-            for r in range(1, self.world):
-                if r != root:
-                    self._conns[("in", Kind.CONTROL, r)].send(data)
-            return data
-        c = self._conns[("out", Kind.CONTROL, 0)]
-        if self.rank == root:
-            c.send(x)
-            return x.copy()
-        data = np.empty(count, dtype=np.float32)
-        c.recv_into(data)
-        return data
+        return self._guard(self._plane.broadcast, x, root)
 
     # --- allreduce -----------------------------------------------------------------------------
 
@@ -550,105 +316,53 @@ class Group:
         work = self._output(out, x.size)
         do_verify = (verify if verify is not None else
                      self.verify == "always" or (self.verify == "first" and mode == "nic" and not self._verified))
-        return self._guard(self._allreduce, x, work, mode, cod, scale_on, ef_on,
-                           ("allreduce", x.size if key is None else key), bool(average), bool(do_verify))
+        efkey = ("allreduce", x.size if key is None else key) if ef_on else None
+        return self._guard(self._allreduce, x, work, mode, cod, scale_on, efkey, bool(average), bool(do_verify))
 
-    def _allreduce(self, x, work, mode, cod, scale_on, ef_on, efkey, average, do_verify) -> np.ndarray:
-        call = CallStats(op="allreduce", calls=1, n=x.size, compress=None if mode == "raw" else mode)
-        t_start = time.perf_counter()
-        sent0, recv0 = self.counters.snapshot()
-        timers = Timers()
+    def _pipeline(self, op: str, n: int, mode: str, cod, efkey) -> Pipeline:
         self._calls += 1
+        return Pipeline(op, n, mode, cod, plane=self._plane, memory=self.error_feedback,
+                        bucket_values=self.bucket_values, efkey=efkey, round_no=self._calls, stats=self.stats,
+                        counters=self.counters)
+
+    def _allreduce(self, x, work, mode, cod, scale_on, efkey, average, do_verify) -> np.ndarray:
         n = x.size
-        try:
+        with self._pipeline("allreduce", n, mode, cod, efkey) as p:
             if self.world == 1:
                 if work is not x:
                     work[:] = x
                 return work
-            t = time.perf_counter()
-            self._compensate(efkey, x, work, ef_on)
+            p.compensate(x, work)
             maxima = sc.bucket_maxima(work, self.bucket_values) if scale_on else None
-            call.scale_seconds += time.perf_counter() - t
-            meta = [n, _MODE_CODE[mode], _codec_id(cod), self.chunk_values, self.bucket_values, int(scale_on)]
-            agreed = self._timed_control(call, OP_ALLREDUCE, meta, maxima)
-            exps = None
-            if scale_on and n:
-                t = time.perf_counter()
-                exps = sc.exponents(agreed, self.world)
-                sc.apply(work, exps, self.bucket_values)
-                call.scale_seconds += time.perf_counter() - t
-            if mode == "app" and cod.needs_agreement:
-                shared = self._timed_control(call, OP_AGREE, [], [cod.local_stat(work)])[0]
-                cod.agree(float(shared), self._calls)
-            sink = self._sink(efkey, n) if ef_on else None
+            meta = [n, MODE_CODE[mode], codec_id(cod), self.chunk_values, self.bucket_values, int(scale_on)]
+            agreed = p.control(OP_ALLREDUCE, meta, maxima)
+            exps = p.scale(work, agreed, self.world) if scale_on and n else None
+            p.agree_codec(work)
+            sink = p.sink(n)
             if n:
                 kind = Kind.RING_TAGGED if mode == "nic" else Kind.RING_PLAIN
                 send = self._outgoing(kind, (self.rank + 1) % self.world)
                 recv = self._incoming(kind, (self.rank - 1) % self.world)
-                t = time.perf_counter()
-                ring_allreduce(work, rank=self.rank, world=self.world, send=send, recv=recv,
-                               chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
-                               timers=timers)
-                call.exchange_seconds += time.perf_counter() - t
-            t = time.perf_counter()
-            if exps is not None:
-                sc.apply(work, exps, self.bucket_values, inverse=True)
-            if sink is not None:
-                self._remember(efkey, sink, exps, agreed if scale_on else None)
+                with p.call.timing("exchange_seconds"):
+                    ring_allreduce(work, rank=self.rank, world=self.world, send=send, recv=recv,
+                                   chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
+                                   timers=p.timers)
+            p.unscale(work, exps)
+            p.remember(sink, exps, agreed if scale_on else None)
             if average:
                 np.divide(work, np.float32(self.world), out=work)
-            call.scale_seconds += time.perf_counter() - t
             if do_verify:
-                self._verify(call, work)
+                self._verify(p, work)
             return work
-        finally:
-            call.sum_seconds, call.codec_seconds = timers.sum, timers.codec
-            self._finish(call, t_start, sent0, recv0)
 
-    def _compensate(self, efkey, x: np.ndarray, work: np.ndarray, ef_on: bool) -> None:
-        """work = x + what this rank's receivers did not get last time for ``efkey``."""
-        r = self.error_feedback.residual(efkey) if ef_on else None
-        if r is not None:
-            if r.shape != x.shape:
-                raise ValueError(f"error-feedback key {efkey!r}: {x.size} values now, {r.size} last time; "
-                                 "pass a distinct key= for each tensor")
-            np.add(x, r, out=work)
-        elif work is not x:
-            work[:] = x
-
-    def _remember(self, efkey, sink: _Sink, exps, agreed) -> None:
-        """Keep ``sent - decoded`` for next time, unscaled (exact: a power of two per bucket).
-        The ring already subtracted chunk by chunk."""
-        if exps is not None:
-            sc.apply(sink.lost, exps, self.bucket_values, inverse=True)
-        # inf - inf = NaN where a gradient held inf/NaN: never carry that into the next call.
-        # The agreed bucket maxima (max over ranks) tell whether any rank had one.
-        if agreed is None or not np.isfinite(agreed).all():
-            np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
-        self.error_feedback.store(efkey, sink.lost)
-
-    def _sink(self, efkey, n: int) -> _Sink:
-        """Reused per key: n fresh floats every call would cost page faults, not just memory."""
-        s = self._sinks.get(efkey)
-        if s is None or s.lost.size != n:
-            s = self._sinks[efkey] = _Sink(n)
-        return s
-
-    def _verify(self, call: CallStats, work: np.ndarray) -> None:
+    def _verify(self, p: Pipeline, work: np.ndarray) -> None:
         crc = float(zlib.crc32(memoryview(work).cast("B")))
-        v = self._timed_control(call, OP_VERIFY, [], [crc, -crc])
+        v = p.control(OP_VERIFY, [], [crc, -crc])
         self._verified = True
         if v[0] != -v[1]:
             raise RuntimeError("allreduce results differ between ranks. With compress='nic' this means the soft "
                                f"NICs do not run the collective's codec ({self.codec!r}): give the Group the "
                                "codec with the daemons' error_bound")
-
-    def _finish(self, call: CallStats, t_start: float, sent0: dict, recv0: dict) -> None:
-        call.seconds = time.perf_counter() - t_start
-        sent1, recv1 = self.counters.snapshot()
-        call.bytes_sent = {p: sent1[p] - sent0[p] for p in PLANES}
-        call.bytes_received = {p: recv1[p] - recv0[p] for p in PLANES}
-        self.stats.record(call)
 
     # --- worker-aggregator ---------------------------------------------------------------------
 
@@ -667,84 +381,63 @@ class Group:
         mode = self.compress if compress is _DEFAULT else self._mode(compress)
         cod = self._call_codec(mode, codec)
         scale_on, ef_on = self._switches(mode, cod, scaling, error_feedback)
-        efkey = ("wa", (x.size if x is not None else -1) if key is None else key)
-        return self._guard(self._wa_step, x, update_fn, aggregator, mode, cod, scale_on, ef_on and not is_agg, efkey)
+        efkey = ("wa", (x.size if x is not None else -1) if key is None else key) if ef_on and not is_agg else None
+        return self._guard(self._wa_step, x, update_fn, aggregator, mode, cod, scale_on, efkey)
 
-    def _wa_step(self, x, update_fn, aggregator, mode, cod, scale_on, ef_on, efkey) -> np.ndarray:
-        call = CallStats(op="wa_step", calls=1, n=x.size if x is not None else 0,
-                         compress=None if mode == "raw" else mode)
-        t_start = time.perf_counter()
-        sent0, recv0 = self.counters.snapshot()
-        timers = Timers()
-        self._calls += 1
+    def _wa_step(self, x, update_fn, aggregator, mode, cod, scale_on, efkey) -> np.ndarray:
         is_agg = self.rank == aggregator
-        try:
-            meta = [aggregator, _MODE_CODE[mode], _codec_id(cod), self.chunk_values, self.bucket_values, int(scale_on)]
+        with self._pipeline("wa_step", x.size if x is not None else 0, mode, cod, efkey) as p:
+            meta = [aggregator, MODE_CODE[mode], codec_id(cod), self.chunk_values, self.bucket_values, int(scale_on)]
             nn = [x.size, -x.size] if x is not None else [-1.0, -np.inf]
-            v = self._timed_control(call, OP_WA, meta, nn)
+            v = p.control(OP_WA, meta, nn)
             n = int(v[0])
             if n < 0:
                 raise ValueError("wa_step: no rank passed a gradient")
             if -v[1] != n:
                 raise ValueError(f"wa_step: ranks passed gradients of different lengths ({int(-v[1])} to {n} values)")
-            call.n = n
-            t = time.perf_counter()
+            p.call.n = n
             work = None
             if x is not None:
                 work = np.empty(n, dtype=np.float32)
-                self._compensate(efkey, x, work, ef_on)
-            call.scale_seconds += time.perf_counter() - t
+                p.compensate(x, work)
             exps = agreed = None
             if scale_on and n:
                 maxima = sc.bucket_maxima(work, self.bucket_values) if work is not None else \
                     np.zeros(-(-n // self.bucket_values))
-                agreed = self._timed_control(call, OP_WA_SCALE, [], maxima)
-                t = time.perf_counter()
-                exps = sc.exponents(agreed, 1)
-                if work is not None:
-                    sc.apply(work, exps, self.bucket_values)
-                call.scale_seconds += time.perf_counter() - t
-            if mode == "app" and cod.needs_agreement:
-                stat = cod.local_stat(work) if work is not None else 0.0
-                shared = self._timed_control(call, OP_AGREE, [], [stat])[0]
-                cod.agree(float(shared), self._calls)
+                agreed = p.control(OP_WA_SCALE, [], maxima)
+                exps = p.scale(work, agreed, 1)   # sums are formed after decoding: headroom 1
+            p.agree_codec(work)
             kind = Kind.WA_TAGGED if mode == "nic" else Kind.WA_PLAIN
+            chunk = self._chunk(mode, cod, n)
             if not is_agg:
                 conn = self._outgoing(kind, aggregator)
-                sink = sc_sink = self._sink(efkey, n) if ef_on else None
-                t = time.perf_counter()
-                worker_send(work, conn, chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
-                            timers=timers)
-                weights = worker_receive_weights(conn)
-                call.exchange_seconds += time.perf_counter() - t
-                if sc_sink is not None:
-                    self._remember(efkey, sc_sink, exps, agreed)
+                sink = p.sink(n)
+                with p.call.timing("exchange_seconds"):
+                    worker_send(work, conn, chunk_values=chunk, mode=mode, codec=cod, sink=sink, timers=p.timers)
+                    weights = worker_receive_weights(conn)
+                p.remember(sink, exps, agreed)
                 return weights
             conns = {r: self._incoming(kind, r) for r in range(self.world) if r != aggregator}
-            t = time.perf_counter()
-            total = aggregate(work, conns, n, chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod,
-                              timers=timers)
-            call.exchange_seconds += time.perf_counter() - t
-            if exps is not None:
-                t = time.perf_counter()
-                sc.apply(total, exps, self.bucket_values, inverse=True)
-                call.scale_seconds += time.perf_counter() - t
-            try:
-                weights = update_fn(total)
-                if not isinstance(weights, np.ndarray) or weights.dtype != np.float32 or weights.ndim != 1:
-                    desc = f"{weights.dtype} array of shape {weights.shape}" if isinstance(weights, np.ndarray) \
-                        else type(weights).__name__
-                    raise TypeError(f"update_fn must return the new weights as a 1-D float32 array, got {desc}")
-            except BaseException as e:
-                for c in conns.values():   # the workers wait for weights: tell them by closing
-                    c.close()
-                self._broken = e
-                raise
-            weights = np.ascontiguousarray(weights)
-            t = time.perf_counter()
-            broadcast_weights(weights, conns)
-            call.exchange_seconds += time.perf_counter() - t
+            with p.call.timing("exchange_seconds"):
+                total = aggregate(work, conns, n, chunk_values=chunk, mode=mode, codec=cod, timers=p.timers)
+            p.unscale(total, exps)
+            weights = self._update(update_fn, total, conns)
+            with p.call.timing("exchange_seconds"):
+                broadcast_weights(weights, conns)
             return weights
-        finally:
-            call.sum_seconds, call.codec_seconds = timers.sum, timers.codec
-            self._finish(call, t_start, sent0, recv0)
+
+    def _update(self, update_fn, total: np.ndarray, conns: dict) -> np.ndarray:
+        """The aggregator's ``update_fn(total)``; if it fails, the waiting workers learn it by the
+        connections closing."""
+        try:
+            weights = update_fn(total)
+            if not isinstance(weights, np.ndarray) or weights.dtype != np.float32 or weights.ndim != 1:
+                desc = f"{weights.dtype} array of shape {weights.shape}" if isinstance(weights, np.ndarray) \
+                    else type(weights).__name__
+                raise TypeError(f"update_fn must return the new weights as a 1-D float32 array, got {desc}")
+        except BaseException as e:
+            for c in conns.values():
+                c.close()
+            self._broken = e
+            raise
+        return np.ascontiguousarray(weights)

@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 from .scaling import nic_reconstruct
+from .stats import Timers
 from .transport import Conn
 
 MODES = ("raw", "nic", "app")
@@ -51,19 +52,6 @@ def block_bounds(n: int, world: int) -> list[tuple[int, int]]:
 
 def chunk_list(a: int, b: int, chunk: int) -> list[tuple[int, int]]:
     return [(i, min(i + chunk, b)) for i in range(a, b, chunk)]
-
-
-class Timers:
-    """CPU seconds spent summing and in the codec, from any thread."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.sum = 0.0
-        self.codec = 0.0
-
-    def add(self, what: str, seconds: float) -> None:
-        with self._lock:
-            setattr(self, what, getattr(self, what) + seconds)
 
 
 class _Progress:

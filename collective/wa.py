@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 
-from .ring import Timers, chunk_list
+from .ring import chunk_list
 from .scaling import nic_reconstruct
+from .stats import Timers
 from .transport import Conn
 
 WEIGHTS_HDR = struct.Struct("<Q")
