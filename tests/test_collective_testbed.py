@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest_testbed import needs_root, no_leaks, tb_name  # noqa: F401  (fixtures are used by name)
+from netns_helpers import needs_root
 from test_collective import ring_expected, same_bits, wa_expected
 
 PEER = str(Path(__file__).resolve().parent / "collective_peer.py")

@@ -14,8 +14,7 @@ import sys
 import time
 
 import pytest
-from test_nicd import (PEER, PY, Transfer, assert_words_equal, grads, make_testbed, recon, running_nicd,  # noqa: F401
-                       small)
+from test_nicd import PEER, PY, Transfer, assert_words_equal, make_testbed, recon, running_nicd
 
 from inceptionn.daemon._datapath import ffi, lib
 
