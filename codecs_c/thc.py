@@ -20,12 +20,12 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from . import thc_reference as ref
-from . import thc_table_gen
+from . import thc_table_generator
 from ._cffi_util import bytes_in, error_text, floats_out
 from ._native import ffi, lib
 from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
 from .memory import ErrorFeedback, memory_from_arg
-from .thc_table import TABLES
+from .thc_table_generated import TABLES
 
 IMPLS = ("c", "numpy")
 SUM_WIDTHS = (8, 16, 32)
@@ -45,10 +45,10 @@ def lookup_table(bits: int, granularity: int, p: float, kind: str = "nonuniform"
         if granularity != (1 << bits) - 1:
             raise ValueError(f"the uniform table needs granularity 2^bits - 1 = {(1 << bits) - 1}, "
                              f"got {granularity}")
-        return thc_table_gen.uniform_table(bits)
+        return thc_table_generator.uniform_table(bits)
     if kind != "nonuniform":
         raise ValueError(f"table must be 'nonuniform', 'uniform' or a sequence of levels, got {kind!r}")
-    return TABLES.get((bits, granularity, p)) or thc_table_gen.optimal_table(bits, granularity, p)
+    return TABLES.get((bits, granularity, p)) or thc_table_generator.optimal_table(bits, granularity, p)
 
 
 def _int_param(name, value, lo, hi):
@@ -77,7 +77,7 @@ class THCCodec(Codec):
         if isinstance(p, bool) or not isinstance(p, (int, float, np.floating)) or not 0.0 < p < 1.0:
             raise ValueError(f"p (the expected fraction of clamped coordinates) must be in (0, 1), got {p!r}")
         self.p = float(p)
-        self.t_p = thc_table_gen.t_p(self.p)
+        self.t_p = thc_table_generator.t_p(self.p)
         if isinstance(table, str):
             self.table_kind = table
             self.table = lookup_table(self.bits, self.granularity, self.p, table)
