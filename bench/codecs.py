@@ -139,7 +139,7 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
     from ..train.data import load_dataset
     from ..train.gradients import capture_gradients
     from ..train.hdc import HDC
-    from .codec import bucket_scale_exponents, scale_by_bucket
+    from ..collective.scaling import scaled_copy
 
     dataset = load_dataset(data, seed=seed)
     log(f"training the HDC model on {dataset.name} to capture {captures} real gradients ...")
@@ -151,8 +151,10 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
         start = (view.ctypes.data - base) // view.itemsize
         tensors.append((name, slice(start, start + view.size)))
     g = Gradients(dataset.name, grads, tensors)
-    g.exps = [bucket_scale_exponents(x, WORKERS, BUCKET) for x in grads]
-    g.scaled = [scale_by_bucket(x, e, BUCKET) for x, e in zip(grads, g.exps)]
+    for x in grads:
+        y, e = scaled_copy(x, WORKERS, BUCKET)
+        g.scaled.append(y)
+        g.exps.append(e)
     return g
 
 

@@ -52,6 +52,15 @@ def apply(x: np.ndarray, exps: np.ndarray, bucket: int = BUCKET_VALUES, *, inver
             x[b * bucket:(b + 1) * bucket] *= np.float32(2.0 ** (-s if inverse else s))
 
 
+def scaled_copy(x: np.ndarray, headroom: int, bucket: int = BUCKET_VALUES) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as one rank alone would scale it for ``headroom`` values per sum, and the exponents
+    (what the benchmarks compare the codecs on; a Group agrees the maxima over ranks first)."""
+    exps = exponents(bucket_maxima(x, bucket), headroom)
+    y = np.array(x, dtype=np.float32, copy=True)
+    apply(y, exps, bucket)
+    return y, exps
+
+
 _scratch = threading.local()   # per thread: the ring's two threads reconstruct concurrently
 
 

@@ -32,7 +32,13 @@ EXIT_USER_ERROR = 2
 
 
 class Diverged(UserError):
-    """A non-finite loss: the launcher tells it apart from other errors (benchmarks go on)."""
+    """A non-finite loss. A worker raises it and reports it as such; the launcher (job.py)
+    raises it again for the run, with the run's config in ``cfg``, and tells it apart from
+    other errors (a benchmark records it and goes on)."""
+
+    def __init__(self, message: str, cfg=None):
+        super().__init__(message)
+        self.cfg = cfg
 
 
 def emit(event: str, **fields) -> None:
