@@ -161,15 +161,12 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
 # --- codecs as the rows run them ----------------------------------------------------------------------
 
 def make_codec(row: Row, seed: int, ef: bool | None = None):
-    from ..codecs import get_codec
+    from ..codecs import applicable, get_codec
 
     ef = row.ef if ef is None else ef
-    p = dict(row.params)
-    if row.codec == "terngrad":
-        p["seed"] = seed
-    elif row.codec == "thc":
-        p.update(seed=seed, noise_seed=seed, error_feedback=ef)
-    return get_codec(row.codec, **p)
+    # the seeds of codecs that draw random numbers; error feedback of codecs that keep it inside
+    p = applicable(row.codec, seed=seed, noise_seed=seed, error_feedback=ef)
+    return get_codec(row.codec, **p, **row.params)
 
 
 def encode(codec, row: Row, x: np.ndarray, key: str, ef: bool | None = None) -> bytes:
@@ -177,12 +174,12 @@ def encode(codec, row: Row, x: np.ndarray, key: str, ef: bool | None = None) -> 
     return codec.encode(x, key=key) if ef else codec.encode(x)
 
 
-def agreement_bytes(row: Row, n: int) -> int:
+def agreement_bytes(row: Row, codec, n: int) -> int:
     """Values the codec must agree on with the other workers before this encode (control plane)."""
-    if row.codec == "inceptionn" and row.scaled:
+    if row.scaled:
         return AGREE_BYTES * -(-n // BUCKET)   # the per-bucket maxima
-    if row.codec == "thc":
-        return AGREE_BYTES                      # the norm l
+    if codec.needs_agreement:
+        return AGREE_BYTES                      # one statistic (THC: the norm l)
     return 0
 
 
@@ -206,7 +203,7 @@ def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
             blob = encode(codec, row, inp[sl], key)
             step.append(blob)
             wire += len(blob)
-            agree += agreement_bytes(row, sl.stop - sl.start)
+            agree += agreement_bytes(row, codec, sl.stop - sl.start)
             codec.decode_into(blob, y[sl])
         blobs.append(step)
         y64 = y.astype(np.float64)
@@ -251,10 +248,8 @@ def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dic
         codec = make_codec(row, seed + 1)
         units = g.units(row)
         inputs = g.inputs(row)
-        if row.codec == "inceptionn":
-            from ..codecs.inceptionn import max_encoded_size
-
-            buf = np.empty(max_encoded_size(g.params), dtype=np.uint8)
+        if row.unit == "value":                  # the whole gradient into one reused buffer, as the NIC does
+            buf = np.empty(codec.max_encoded_size(g.params), dtype=np.uint8)
 
             def enc(codec=codec, inputs=inputs, buf=buf):
                 for x in inputs:

@@ -108,8 +108,11 @@ class FFTCodec(Codec):
         """Components kept for n values: K - floor(theta * K), K = fft_length(n)/2 + 1."""
         return ref.kept_count(check_count(n), self.theta)
 
-    def encoded_size(self, n: int) -> int:
-        """Bytes of a blob for n values (header, bitmap and codes)."""
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes of a blob for x (header, bitmap and codes; only the length counts)."""
+        return self.max_encoded_size(check_vector(x).size)
+
+    def max_encoded_size(self, n: int) -> int:
         return ref.encoded_size(check_count(n), self.kept(n), self.bits)
 
     # --- encode / decode ----------------------------------------------------------------------

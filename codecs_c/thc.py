@@ -283,8 +283,12 @@ class THCCodec(Codec):
         mean = self.decode(summed, n)
         return mean if reduce == "mean" else (mean * np.float32(info["count"])).astype(np.float32)
 
-    def encoded_size(self, n: int) -> int:
-        """Bytes of one worker's blob for n values (header, table and padding included)."""
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes of one worker's blob for x (header, table and padding included; only the length
+        counts)."""
+        return self.max_encoded_size(check_vector(x).size)
+
+    def max_encoded_size(self, n: int) -> int:
         return ref.blob_size(check_count(n), self.bits, self.bits)
 
     def reset(self) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from . import threelc_reference as ref
 from ._cffi_util import decode_blob, error_text, floats_out
 from ._native import ffi, lib
-from .base import Codec, check_choice, check_vector
+from .base import Codec, check_choice, check_count, check_vector
 from .memory import ErrorFeedback
 
 IMPLS = ("auto", "c", "numpy")
@@ -48,6 +48,7 @@ class ThreeLCCodec(Codec):
     accumulation buffers used by ``encode(x, key=...)`` (a fresh one by default)."""
 
     name = "3lc"
+    wants_error_feedback = True  # specified with an error-accumulation buffer
 
     def __init__(self, sparsity: float = 1.0, zre: bool = True, memory: ErrorFeedback | None = None,
                  impl: str = "auto"):
@@ -103,6 +104,13 @@ class ThreeLCCodec(Codec):
     def reset(self) -> None:
         """Forget every tensor's accumulated error."""
         self.memory.reset()
+
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes of the stateless ``encode(x)`` (zero runs depend on the data: quantizes)."""
+        return len(self._quantize(check_vector(x), recon=False)[0])
+
+    def max_encoded_size(self, n: int) -> int:
+        return max_encoded_size(check_count(n))
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
         return decode_blob(self.impl, ref.decode, blob, out, lib.tlc_decode, lib.tlc_strerror, lib.TLC_OK, "3lc")

@@ -50,17 +50,6 @@ from .wa import aggregate, broadcast_weights, worker_receive_weights, worker_sen
 __all__ = ["Group", "CallStats", "GroupStats"]
 
 _DEFAULT = object()
-# Defaults of scaling / error_feedback per codec: the INCEPTIONN codec keeps absolute precision
-# (scaling puts gradients into its range) and drops what falls below it (error feedback brings it
-# back); 3LC is specified with an error-accumulation buffer and leaves it to the caller when
-# encode() gets no key. TernGrad (unbiased), THC (keeps its own error feedback) and FFT: off.
-SCALING_HELPS = frozenset({"inceptionn"})
-ERROR_FEEDBACK_HELPS = frozenset({"inceptionn", "3lc"})
-# Codecs that work value by value can be cut into pipeline chunks anywhere; the others see one
-# whole ring block (or the whole gradient in WA) per encode, their per-tensor unit.
-PER_VALUE_CODECS = frozenset({"inceptionn"})
-
-
 def _check_rank(rank, world) -> tuple[int, int]:
     for name, v in (("rank", rank), ("world", world)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -228,7 +217,7 @@ class Group:
             return codec
         if isinstance(codec, str):
             if codec not in self._codecs:
-                self._codecs[codec] = get_codec(codec, error_bound=-10) if codec == "inceptionn" else get_codec(codec)
+                self._codecs[codec] = get_codec(codec)
             return self._codecs[codec]
         raise TypeError(f"codec must be a Codec (get_codec(...)) or a codec name, got {type(codec).__name__}")
 
@@ -236,22 +225,25 @@ class Group:
         if mode == "raw":
             return None
         c = self.codec if codec is None else self._resolve_codec(codec)
-        if mode == "nic" and c.name != "inceptionn":
-            raise ValueError(f"the soft NIC runs only the inceptionn codec; to compare {c.name!r} use "
-                             "compress='app' (the codec runs inside the collective)")
+        if mode == "nic" and not c.per_value:
+            raise ValueError(f"the soft NIC runs only the inceptionn codec (a per-value codec); to compare {c.name!r} "
+                             "use compress='app' (the codec runs inside the collective)")
         return c
 
     @staticmethod
     def _switches(mode: str, codec, scaling, error_feedback) -> tuple[bool, bool]:
-        name = codec.name if codec is not None and mode != "raw" else None
-        s = name in SCALING_HELPS if scaling is None else bool(scaling)
-        e = name in ERROR_FEEDBACK_HELPS if error_feedback is None else bool(error_feedback)
+        """Scaling and error feedback: as asked, else what the codec's traits want."""
+        lossy = codec is not None and mode != "raw"
+        s = lossy and codec.wants_scaling if scaling is None else bool(scaling)
+        e = lossy and codec.wants_error_feedback if error_feedback is None else bool(error_feedback)
         if e and mode == "raw":
             raise ValueError("error_feedback needs a lossy path: compress='nic' or 'app'")
         return s, e
 
     def _chunk(self, mode: str, codec, n: int) -> int:
-        if mode == "app" and codec.name not in PER_VALUE_CODECS:
+        """Per-value codecs may be cut into pipeline chunks anywhere; the others see one whole ring
+        block (or the whole gradient in WA) per encode, their per-tensor unit."""
+        if mode == "app" and not codec.per_value:
             return max(n, 1)
         return self.chunk_values
 

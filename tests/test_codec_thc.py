@@ -134,7 +134,8 @@ def test_known_blob():
 def test_blob_size_counts_padding_header_and_table():
     c = get_codec("thc")
     n = 100_000
-    assert len(c.encode(grads(np.random.default_rng(1), n))) == c.encoded_size(n) == 24 + 16 + 131072 // 2
+    x = grads(np.random.default_rng(1), n)
+    assert len(c.encode(x)) == c.encoded_size(x) == c.max_encoded_size(n) == 24 + 16 + 131072 // 2
 
 
 # --- unbiasedness -------------------------------------------------------------------------------------

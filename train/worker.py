@@ -73,12 +73,11 @@ def make_codec(cfg: dict):
     compress = cfg["compress"]
     if compress == "none":
         return None, None
-    from inceptionn.codecs import get_codec
+    from inceptionn.codecs import applicable, get_codec
 
     if compress == "nic":
         return "nic", get_codec("inceptionn", error_bound=cfg["error_bound"])
-    params = {"error_bound": cfg["error_bound"]} if compress == "inceptionn" else {}
-    return "app", get_codec(compress, **params)
+    return "app", get_codec(compress, **applicable(compress, error_bound=cfg["error_bound"]))
 
 
 def make_group(cfg: dict, mode, codec):
