@@ -161,17 +161,18 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
 # --- codecs as the rows run them ----------------------------------------------------------------------
 
 def make_codec(row: Row, seed: int, ef: bool | None = None):
-    from ..codecs import applicable, get_codec
+    """The row's codec, and its error-feedback memory (None: off)."""
+    from ..codecs import ErrorFeedback, applicable, get_codec
 
     ef = row.ef if ef is None else ef
-    # the seeds of codecs that draw random numbers; error feedback of codecs that keep it inside
+    # the seeds of codecs that draw random numbers, and whether error feedback runs
     p = applicable(row.codec, seed=seed, noise_seed=seed, error_feedback=ef)
-    return get_codec(row.codec, **p, **row.params)
+    return get_codec(row.codec, **p, **row.params), (ErrorFeedback() if ef else None)
 
 
-def encode(codec, row: Row, x: np.ndarray, key: str, ef: bool | None = None) -> bytes:
-    ef = row.ef if ef is None else ef
-    return codec.encode(x, key=key) if ef else codec.encode(x)
+def encode(codec, memory, x: np.ndarray, key: str) -> bytes:
+    """One encode as the row runs it: with error feedback per tensor ``key`` when it has a memory."""
+    return memory.encode(codec, x, key) if memory is not None else codec.encode(x)
 
 
 def agreement_bytes(row: Row, codec, n: int) -> int:
@@ -189,7 +190,7 @@ def _nmse(err2: float, sig2: float) -> float:
 
 def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
     """Ratio and NMSE over the sequence of captures, as the row runs; blobs kept for decode timing."""
-    codec = make_codec(row, seed)
+    codec, memory = make_codec(row, seed)
     units = g.units(row)
     wire = agree = 0
     err2 = sig2 = 0.0
@@ -200,7 +201,7 @@ def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
         y = np.empty_like(x)
         step = []
         for key, sl in units:
-            blob = encode(codec, row, inp[sl], key)
+            blob = encode(codec, memory, inp[sl], key)
             step.append(blob)
             wire += len(blob)
             agree += agreement_bytes(row, codec, sl.stop - sl.start)
@@ -224,12 +225,12 @@ def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
 
 def stateless_nmse(row: Row, g: Gradients, seed: int) -> float:
     """One round trip of each capture with nothing accumulated (error feedback off)."""
-    codec = make_codec(row, seed, ef=False)
+    codec, _ = make_codec(row, seed, ef=False)
     err2 = sig2 = 0.0
     for x in g.grads:
         y = np.empty_like(x)
         for _, sl in g.units(row):
-            codec.decode_into(encode(codec, row, x[sl], "", ef=False), y[sl])
+            codec.decode_into(codec.encode(x[sl]), y[sl])
         err2 += float(np.sum((x.astype(np.float64) - y) ** 2))
         sig2 += float(np.sum(x.astype(np.float64) ** 2))
     return _nmse(err2, sig2)
@@ -245,7 +246,7 @@ def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dic
     variants = {"memcpy": (lambda: ffi.memmove(dst, src, flat.nbytes), flat.nbytes)}
     outs = [np.empty_like(x) for x in g.grads]
     for row in rows:
-        codec = make_codec(row, seed + 1)
+        codec, memory = make_codec(row, seed + 1)
         units = g.units(row)
         inputs = g.inputs(row)
         if row.unit == "value":                  # the whole gradient into one reused buffer, as the NIC does
@@ -255,10 +256,10 @@ def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dic
                 for x in inputs:
                     codec.encode_into(x, buf)
         else:
-            def enc(codec=codec, row=row, inputs=inputs, units=units):
+            def enc(codec=codec, memory=memory, inputs=inputs, units=units):
                 for x in inputs:
                     for key, sl in units:
-                        encode(codec, row, x[sl], key)
+                        encode(codec, memory, x[sl], key)
 
         def dec(codec=codec, steps=blobs[row.id], units=units):
             for step, y in zip(steps, outs):

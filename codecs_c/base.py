@@ -85,6 +85,13 @@ class Codec(ABC):
     def agree(self, shared: float, round_no: int) -> None:
         """Take the max over workers of ``local_stat`` and the round number (seeds shared RNGs)."""
 
+    def encode_decoded(self, x: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """``encode(x)`` and what a receiver decodes from it (error feedback needs both; codecs
+        that know the second while encoding override this)."""
+        x = check_vector(x)
+        blob = self.encode(x)
+        return blob, self.decode(blob, x.size)
+
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
         """What a receiver decodes for ``x``: the basis of error feedback."""
         x = check_vector(x)

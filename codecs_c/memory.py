@@ -1,10 +1,11 @@
-"""Error feedback as one reusable piece (GRACE's "Memory"), not copied into each codec.
+"""Error feedback as one reusable piece (GRACE's "Memory"), the only one: codecs keep none.
 
 What a lossy codec drops in one round is added back before the next: the sender keeps, per
 tensor (or bucket) key, the residual ``compensated - reconstructed``, where ``reconstructed`` is
-exactly what the receiver decodes (the codec's deterministic ``roundtrip``, or the decode of the
-blob that was sent). 3LC's accumulation buffer and THC's ``e = x - RHT^-1(own quantized)`` are
-this same loop.
+exactly what the receiver decodes (the decode of the blob that was sent). 3LC's accumulation
+buffer and THC's ``e = x - RHT^-1(own quantized)`` are this same loop:
+``memory.encode(codec, x, key)``. The collective runs it over whole calls (``compensate_into``,
+``sink``, ``store``), where what each receiver decodes is known piece by piece.
 """
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ class ErrorFeedback:
             s = self._sinks[key] = Sink(n)
         return s
 
+    def encode(self, codec, x: np.ndarray, key: Hashable) -> bytes:
+        """One round around ``codec``: encode ``x`` plus the key's residual and keep what the
+        receiver will not see. A codec that needs agreement agrees on the compensated vector
+        first (``codec.local_stat(memory.compensate(key, x))``)."""
+        comp = self.compensate(key, x)
+        blob, decoded = codec.encode_decoded(comp)
+        self.update(key, comp, decoded)
+        return blob
+
     def update(self, key: Hashable, compensated: np.ndarray, reconstructed: np.ndarray) -> None:
         """Remember what the receiver will not see: ``compensated - reconstructed``."""
         if compensated.shape != reconstructed.shape:
@@ -93,11 +103,8 @@ class ErrorFeedback:
         return len(self._residual)
 
 
-def memory_from_arg(error_feedback) -> ErrorFeedback | None:
-    """A codec's ``error_feedback`` argument: an ErrorFeedback to share, True for a fresh one,
-    False for none."""
-    if isinstance(error_feedback, ErrorFeedback):
-        return error_feedback
-    if isinstance(error_feedback, bool):
-        return ErrorFeedback() if error_feedback else None
-    raise TypeError(f"error_feedback must be a bool or an ErrorFeedback, got {error_feedback!r}")
+def check_switch(name: str, value) -> bool:
+    """A codec's on/off argument such as ``error_feedback`` (which sets its trait)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value

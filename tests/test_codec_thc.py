@@ -271,14 +271,17 @@ def test_error_feedback_carries_the_residual():
     n = 3000
     c = get_codec("thc", noise_seed=1, p=0.3)  # heavy clamping: a biased quantizer
     plain = get_codec("thc", noise_seed=1, p=0.3, error_feedback=False)
+    assert c.wants_error_feedback and not plain.wants_error_feedback
+    mem = ErrorFeedback()
     sent, got, got_plain = np.zeros(n), np.zeros(n), np.zeros(n)
     for r in range(30):
         x = grads(rng, n)
         sent += x
-        for codec, acc in ((c, got), (plain, got_plain)):
-            codec.agree(codec.local_stat(x), r)
-            acc += codec.decode(codec.encode(x), n)
-    residual = c.memory.residual(n)
+        c.agree(c.local_stat(mem.compensate("g", x)), r)     # l = ||x + e||
+        got += c.decode(mem.encode(c, x, "g"), n)
+        plain.agree(plain.local_stat(x), r)
+        got_plain += plain.decode(plain.encode(x), n)
+    residual = mem.residual("g")
     # What was sent and not yet delivered is exactly the residual (up to float32 rounding).
     np.testing.assert_allclose(got + residual, sent, atol=1e-5 * np.abs(sent).max())
     assert np.linalg.norm(got - sent) < 0.5 * np.linalg.norm(got_plain - sent)
@@ -286,24 +289,26 @@ def test_error_feedback_carries_the_residual():
 
 def test_error_feedback_memory_can_be_shared_and_keyed():
     mem = ErrorFeedback()
-    c = get_codec("thc", error_feedback=mem)
+    c = get_codec("thc")
     x = grads(np.random.default_rng(2), 50)
-    c.encode(x, key="layer1")
-    c.encode(x, key="layer2")
-    assert len(mem) == 2 and c.memory is mem
+    mem.encode(c, x, "layer1")
+    mem.encode(c, x, "layer2")
+    assert len(mem) == 2
     r1 = mem.residual("layer1").copy()
-    blob = c.encode(np.zeros(50, np.float32), key="layer1")  # sends the residual alone
+    blob = mem.encode(c, np.zeros(50, np.float32), "layer1")  # sends the residual alone
     np.testing.assert_allclose(mem.residual("layer1"), r1 - c.decode(blob, 50), atol=1e-7)
-    c.reset()
+    mem.reset()
     assert len(mem) == 0
 
 
-def test_local_stat_is_the_compensated_norm():
+def test_local_stat_of_the_compensated_vector_is_its_norm():
     c = get_codec("thc")
+    mem = ErrorFeedback()
     x = grads(np.random.default_rng(2), 500)
     assert c.local_stat(x) == pytest.approx(np.linalg.norm(x.astype(np.float64)))
-    c.encode(x)
-    assert c.local_stat(x) == pytest.approx(np.linalg.norm(x.astype(np.float64) + c.memory.residual(500)), rel=1e-6)
+    mem.encode(c, x, "k")
+    assert c.local_stat(mem.compensate("k", x)) == pytest.approx(
+        np.linalg.norm(x.astype(np.float64) + mem.residual("k")), rel=1e-6)
 
 
 # --- malformed input ------------------------------------------------------------------------------------

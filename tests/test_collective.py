@@ -412,7 +412,8 @@ def test_codecs_describe_themselves():
     assert all(set(t) == set(Codec.TRAITS) for t in traits.values())
     assert [n for n, t in traits.items() if t["per_value"]] == ["inceptionn"]
     assert traits["inceptionn"]["wants_scaling"] and traits["inceptionn"]["thread_safe"]
-    assert sorted(n for n, t in traits.items() if t["wants_error_feedback"]) == ["3lc", "inceptionn"]
+    assert sorted(n for n, t in traits.items() if t["wants_error_feedback"]) == ["3lc", "inceptionn", "thc"]
+    assert not get_codec("thc", error_feedback=False).traits()["wants_error_feedback"]
     assert traits["thc"]["needs_agreement"] and not traits["terngrad"]["needs_agreement"]
     assert get_codec("terngrad", share_scaler=True).traits()["needs_agreement"]
 
