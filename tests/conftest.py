@@ -1,6 +1,6 @@
 """Fixtures every test module gets by name: leak checks and namespaces that are removed even on
 failure (no_leaks, tb_name, veth_ns), and real gradients (grads, small). Plain helpers live in
-modules named for what they are: netns_helpers.py, cli_helpers.py, codec_checks.py."""
+modules named for what they are: netns_helpers.py, cli_helpers.py, proc_helpers.py, codec_checks.py."""
 from __future__ import annotations
 
 import itertools
