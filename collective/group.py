@@ -19,7 +19,7 @@ The whole API, its options and guarantees: docs/collectives.md. In short:
   (wa.py); both go through the steps of pipeline.py. ``compress="nic"`` puts the gradient on
   sockets tagged for the soft NIC, ``"app"`` runs any codec inside the collective, ``None`` sends
   plain float32. The result is bit-identical on every rank.
-- ``scaling`` and ``error_feedback`` default to what suits the codec (docs/collectives.md); True/False
+- ``scaling`` and ``error_feedback`` default to what the codec's traits ask for; True/False
   force them. Pass ``key`` when reducing several tensors of equal length.
 - ``barrier``, ``max_scalar``, ``sum_scalar``, ``control_allreduce`` and ``broadcast`` run on the
   untagged control plane (control.py); ``stats`` (stats.py), ``connections()`` and
