@@ -132,7 +132,7 @@ uninstall-service:
 # `make install-service WHEELHOUSE=build/wheelhouse` on a host without PyPI.
 wheelhouse: build/wheelhouse/.complete
 
-PACKAGE_PY := $(wildcard inceptionn/*.py codecs_c/*.py daemon/*.py shim/*.py kernel_tc/*.py train/*.py bench/*.py)
+PACKAGE_PY := $(wildcard inceptionn/*.py codecs_c/*.py daemon/*.py shim/*.py collective/*.py kernel_tc/*.py train/*.py bench/*.py)
 
 build/wheelhouse/.complete: pyproject.toml setup.py codecs_c/build_ffi.py daemon/build_ffi.py $(SHIM_SRC) $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC) $(PACKAGE_PY)
 	rm -rf build/wheelhouse build/wheel-venv

@@ -54,8 +54,7 @@ def main(argv: list[str]) -> int:
         op = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # noqa: E731
     else:
         from inceptionn.codecs import get_codec
-        from inceptionn.shim.collective import Group
-        from inceptionn.shim.rendezvous import FileStore
+        from inceptionn.collective import FileStore, Group
         compress = None if impl in ("ring", "wa") else "nic"
         group = Group(rank, world, FileStore(os.path.join(workdir, "store")), compress=compress,
                       codec=get_codec("inceptionn", error_bound=error_bound), prefix=f"bench-{impl}",

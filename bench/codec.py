@@ -18,6 +18,7 @@ import numpy as np
 from ..codecs import get_codec
 from ..codecs._native import ffi
 from ..codecs.inceptionn import have_avx2, max_encoded_size
+from ..collective.scaling import scaled_copy
 from ..errors import UserError
 from ..limits import error_bound_problem
 from .timing import interleaved
@@ -37,24 +38,6 @@ def load_gradients(data, captures: int, seed: int) -> tuple[np.ndarray, list[np.
     log(f"training the HDC model on {dataset.name} to capture {captures} real gradients ...")
     grads = capture_gradients(captures, data=dataset, seed=seed)
     return np.concatenate(grads), grads, dataset.name
-
-
-def bucket_scale_exponents(x: np.ndarray, workers: int, bucket: int) -> np.ndarray:
-    """Per bucket of ``bucket`` values, the exponent s with workers * max|x| * 2^s < 1: the exact
-    power-of-two scale the collective agrees on, so a sum over the workers stays below 1.0."""
-    nb = -(-x.size // bucket)
-    padded = np.zeros(nb * bucket, dtype=np.float32)
-    padded[: x.size] = np.abs(x)
-    peak = padded.reshape(nb, bucket).max(axis=1).astype(np.float64)
-    with np.errstate(divide="ignore"):
-        s = np.floor(np.log2(1.0 / (workers * peak)))
-    s[~np.isfinite(s)] = 0
-    s = s - (workers * peak * 2.0**s >= 1.0)  # exactly a power of two: step down once
-    return np.clip(s, -100, 100).astype(np.int64)
-
-
-def scale_by_bucket(x: np.ndarray, exps: np.ndarray, bucket: int) -> np.ndarray:
-    return np.ldexp(x, np.repeat(exps, bucket)[: x.size]).astype(np.float32)
 
 
 def throughput(x: np.ndarray, rounds: int, error_bound: int) -> dict:
@@ -88,8 +71,7 @@ def throughput(x: np.ndarray, rounds: int, error_bound: int) -> dict:
 def tier_table(grads: list[np.ndarray], bounds, workers: int, bucket: int) -> list[dict]:
     rows = []
     x = np.concatenate(grads)
-    exps = [bucket_scale_exponents(g, workers, bucket) for g in grads]
-    scaled = [scale_by_bucket(g, e, bucket) for g, e in zip(grads, exps)]
+    scaled, exps = zip(*(scaled_copy(g, workers, bucket) for g in grads))
     for label, inputs in (("raw", grads), ("scaled", scaled)):
         xs = np.concatenate(inputs)
         for k in bounds:

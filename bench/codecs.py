@@ -139,7 +139,7 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
     from ..train.data import load_dataset
     from ..train.gradients import capture_gradients
     from ..train.hdc import HDC
-    from .codec import bucket_scale_exponents, scale_by_bucket
+    from ..collective.scaling import scaled_copy
 
     dataset = load_dataset(data, seed=seed)
     log(f"training the HDC model on {dataset.name} to capture {captures} real gradients ...")
@@ -151,36 +151,36 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
         start = (view.ctypes.data - base) // view.itemsize
         tensors.append((name, slice(start, start + view.size)))
     g = Gradients(dataset.name, grads, tensors)
-    g.exps = [bucket_scale_exponents(x, WORKERS, BUCKET) for x in grads]
-    g.scaled = [scale_by_bucket(x, e, BUCKET) for x, e in zip(grads, g.exps)]
+    for x in grads:
+        y, e = scaled_copy(x, WORKERS, BUCKET)
+        g.scaled.append(y)
+        g.exps.append(e)
     return g
 
 
 # --- codecs as the rows run them ----------------------------------------------------------------------
 
 def make_codec(row: Row, seed: int, ef: bool | None = None):
-    from ..codecs import get_codec
+    """The row's codec, and its error-feedback memory (None: off)."""
+    from ..codecs import ErrorFeedback, applicable, get_codec
 
     ef = row.ef if ef is None else ef
-    p = dict(row.params)
-    if row.codec == "terngrad":
-        p["seed"] = seed
-    elif row.codec == "thc":
-        p.update(seed=seed, noise_seed=seed, error_feedback=ef)
-    return get_codec(row.codec, **p)
+    # the seeds of codecs that draw random numbers, and whether error feedback runs
+    p = applicable(row.codec, seed=seed, noise_seed=seed, error_feedback=ef)
+    return get_codec(row.codec, **p, **row.params), (ErrorFeedback() if ef else None)
 
 
-def encode(codec, row: Row, x: np.ndarray, key: str, ef: bool | None = None) -> bytes:
-    ef = row.ef if ef is None else ef
-    return codec.encode(x, key=key) if ef else codec.encode(x)
+def encode(codec, memory, x: np.ndarray, key: str) -> bytes:
+    """One encode as the row runs it: with error feedback per tensor ``key`` when it has a memory."""
+    return memory.encode(codec, x, key) if memory is not None else codec.encode(x)
 
 
-def agreement_bytes(row: Row, n: int) -> int:
+def agreement_bytes(row: Row, codec, n: int) -> int:
     """Values the codec must agree on with the other workers before this encode (control plane)."""
-    if row.codec == "inceptionn" and row.scaled:
+    if row.scaled:
         return AGREE_BYTES * -(-n // BUCKET)   # the per-bucket maxima
-    if row.codec == "thc":
-        return AGREE_BYTES                      # the norm l
+    if codec.needs_agreement:
+        return AGREE_BYTES                      # one statistic (THC: the norm l)
     return 0
 
 
@@ -190,7 +190,7 @@ def _nmse(err2: float, sig2: float) -> float:
 
 def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
     """Ratio and NMSE over the sequence of captures, as the row runs; blobs kept for decode timing."""
-    codec = make_codec(row, seed)
+    codec, memory = make_codec(row, seed)
     units = g.units(row)
     wire = agree = 0
     err2 = sig2 = 0.0
@@ -201,10 +201,10 @@ def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
         y = np.empty_like(x)
         step = []
         for key, sl in units:
-            blob = encode(codec, row, inp[sl], key)
+            blob = encode(codec, memory, inp[sl], key)
             step.append(blob)
             wire += len(blob)
-            agree += agreement_bytes(row, sl.stop - sl.start)
+            agree += agreement_bytes(row, codec, sl.stop - sl.start)
             codec.decode_into(blob, y[sl])
         blobs.append(step)
         y64 = y.astype(np.float64)
@@ -225,12 +225,12 @@ def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
 
 def stateless_nmse(row: Row, g: Gradients, seed: int) -> float:
     """One round trip of each capture with nothing accumulated (error feedback off)."""
-    codec = make_codec(row, seed, ef=False)
+    codec, _ = make_codec(row, seed, ef=False)
     err2 = sig2 = 0.0
     for x in g.grads:
         y = np.empty_like(x)
         for _, sl in g.units(row):
-            codec.decode_into(encode(codec, row, x[sl], "", ef=False), y[sl])
+            codec.decode_into(codec.encode(x[sl]), y[sl])
         err2 += float(np.sum((x.astype(np.float64) - y) ** 2))
         sig2 += float(np.sum(x.astype(np.float64) ** 2))
     return _nmse(err2, sig2)
@@ -246,22 +246,20 @@ def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dic
     variants = {"memcpy": (lambda: ffi.memmove(dst, src, flat.nbytes), flat.nbytes)}
     outs = [np.empty_like(x) for x in g.grads]
     for row in rows:
-        codec = make_codec(row, seed + 1)
+        codec, memory = make_codec(row, seed + 1)
         units = g.units(row)
         inputs = g.inputs(row)
-        if row.codec == "inceptionn":
-            from ..codecs.inceptionn import max_encoded_size
-
-            buf = np.empty(max_encoded_size(g.params), dtype=np.uint8)
+        if row.unit == "value":                  # the whole gradient into one reused buffer, as the NIC does
+            buf = np.empty(codec.max_encoded_size(g.params), dtype=np.uint8)
 
             def enc(codec=codec, inputs=inputs, buf=buf):
                 for x in inputs:
                     codec.encode_into(x, buf)
         else:
-            def enc(codec=codec, row=row, inputs=inputs, units=units):
+            def enc(codec=codec, memory=memory, inputs=inputs, units=units):
                 for x in inputs:
                     for key, sl in units:
-                        encode(codec, row, x[sl], key)
+                        encode(codec, memory, x[sl], key)
 
         def dec(codec=codec, steps=blobs[row.id], units=units):
             for step, y in zip(steps, outs):

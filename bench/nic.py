@@ -28,25 +28,19 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from ..errors import UserError
+from ..collective.scaling import scaled_copy
 from ..daemon.launch import nicd, read_stats
+from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import parse_rate
-from .codec import bucket_scale_exponents, scale_by_bucket
+from ..procs import cpu_seconds
 
 PORT = 5201
 SYN_FRAME_BITS = (76 + 14) * 8  # a flood SYN (bench/synflood.py) as the link's shaper counts it
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
     print(f"[bench nic] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
 def wait_established(host, port: int, timeout: float = 10.0) -> None:
@@ -322,7 +316,7 @@ def run(args) -> int:
     log(f"capturing real gradients (HDC on {dataset.name}) ...")
     x = gradient_sample(args.captures, data=dataset, seed=args.seed)
     if args.input == "scaled":
-        x = scale_by_bucket(x, bucket_scale_exponents(x, 4, 65536), 65536)
+        x, _ = scaled_copy(x, 4, 65536)
     report = {"dataset": dataset.name, "values": int(x.size), "input": args.input, "error_bound": args.error_bound,
               "rounds": args.rounds, "links": []}
     with tempfile.TemporaryDirectory(prefix="inceptionn-bench-nic-") as tmp:

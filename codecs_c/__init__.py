@@ -20,14 +20,33 @@ def available_codecs() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_codec(name: str, **params) -> Codec:
-    """Build a codec by name, e.g. ``get_codec("inceptionn", error_bound=-10)``."""
+def codec_class(name: str) -> type[Codec]:
+    """The class of a registered codec (its traits are class attributes)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
     module, cls = _REGISTRY[name]
     from importlib import import_module
 
-    return getattr(import_module(f"{__name__}.{module}"), cls)(**params)
+    return getattr(import_module(f"{__name__}.{module}"), cls)
 
 
-__all__ = ["Codec", "ErrorFeedback", "available_codecs", "get_codec"]
+def get_codec(name: str, **params) -> Codec:
+    """Build a codec by name, e.g. ``get_codec("inceptionn", error_bound=-10)``."""
+    return codec_class(name)(**params)
+
+
+def codec_parameters(name: str) -> frozenset[str]:
+    """The keyword parameters a codec takes, so a caller holding settings for several codecs (an
+    error bound, seeds) passes each codec those it has, without knowing codecs by name."""
+    import inspect
+
+    return frozenset(inspect.signature(codec_class(name)).parameters)
+
+
+def applicable(name: str, **settings) -> dict:
+    """``settings`` restricted to the parameters of codec ``name``."""
+    accepted = codec_parameters(name)
+    return {k: v for k, v in settings.items() if k in accepted}
+
+
+__all__ = ["Codec", "ErrorFeedback", "applicable", "available_codecs", "codec_class", "codec_parameters", "get_codec"]

@@ -11,9 +11,37 @@ import numpy as np
 
 
 class Codec(ABC):
-    """A gradient compressor. Subclasses set ``name`` and implement encode/decode_into."""
+    """A gradient compressor. Subclasses set ``name`` and implement encode/decode_into.
+
+    A codec describes itself with traits (class attributes, ``traits()`` lists them), so that
+    callers (the collective, the benchmarks, the training worker) never branch on its name:
+
+    - ``per_value``: every value is encoded on its own (``reconstruct`` is value by value), so
+      a vector may be cut anywhere: into pipeline chunks, or into packets by the soft NIC, which
+      runs such a codec. Others see a whole tensor (a ring block, a gradient) per encode.
+    - ``wants_scaling``: the codec keeps absolute precision, so gradients should first be scaled
+      into its range (the collective's per-bucket power of two).
+    - ``wants_error_feedback``: what the codec drops should be carried into the next round
+      (``ErrorFeedback``); the collective turns it on by default.
+    - ``needs_agreement``: every worker must encode with shared parameters (``local_stat`` /
+      ``agree``, below).
+    - ``thread_safe``: ``encode``/``decode_into`` may run from several threads at once (no
+      mutable state); otherwise callers serialise them.
+    """
 
     name: str = ""
+    per_value: bool = False
+    wants_scaling: bool = False
+    wants_error_feedback: bool = False
+    needs_agreement: bool = False
+    thread_safe: bool = False
+
+    TRAITS = ("per_value", "wants_scaling", "wants_error_feedback", "needs_agreement", "thread_safe")
+
+    def traits(self) -> dict[str, bool]:
+        """This codec's traits by name (an instance may differ from its class, e.g. TernGrad
+        with ``share_scaler``)."""
+        return {t: bool(getattr(self, t)) for t in self.TRAITS}
 
     @abstractmethod
     def encode(self, x: np.ndarray) -> bytes:
@@ -30,6 +58,16 @@ class Codec(ABC):
         out = np.empty(n, dtype=np.float32)
         return self.decode_into(blob, out)
 
+    # --- sizes: the same two questions for every codec ------------------------------------------
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes ``encode(x)`` would produce. This default encodes; codecs that can tell without
+        encoding (or whose encode has state, such as a random stream) override it."""
+        return len(self.encode(check_vector(x)))
+
+    def max_encoded_size(self, n: int) -> int:
+        """Bytes that always suffice for ``n`` values (exact for codecs of a fixed size)."""
+        raise NotImplementedError(f"{type(self).__name__} does not bound its stream size")
+
     def check_count_fits(self, nbytes: int, n: int) -> None:
         """Raise ValueError when no valid stream of ``nbytes`` can hold ``n`` values, so a
         hostile count never turns into a huge allocation. Codecs with a size rule override it."""
@@ -40,8 +78,6 @@ class Codec(ABC):
     # worker, max-reduces the results over all workers (untagged control channel), and passes the
     # result to ``agree`` together with a round number every worker knows, before any
     # encode/decode of that round. Codecs that need nothing keep these defaults.
-    needs_agreement: bool = False
-
     def local_stat(self, x: np.ndarray) -> float:
         """This worker's statistic for the max-agreement of the round (only if needs_agreement)."""
         return 0.0
@@ -49,10 +85,29 @@ class Codec(ABC):
     def agree(self, shared: float, round_no: int) -> None:
         """Take the max over workers of ``local_stat`` and the round number (seeds shared RNGs)."""
 
+    def encode_decoded(self, x: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """``encode(x)`` and what a receiver decodes from it (error feedback needs both; codecs
+        that know the second while encoding override this)."""
+        x = check_vector(x)
+        blob = self.encode(x)
+        return blob, self.decode(blob, x.size)
+
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
         """What a receiver decodes for ``x``: the basis of error feedback."""
         x = check_vector(x)
         return self.decode(self.encode(x), x.size)
+
+    def reconstruct(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``roundtrip(x)`` with +0.0 for every zero (into ``out`` if given; it may be ``x``).
+        For a deterministic per-value codec this is idempotent, which is what lets the ring put
+        values on a tagged socket that arrive the same compressed or not (collective/ring.py).
+        Codecs with a faster path override it."""
+        y = self.roundtrip(x)
+        y += np.float32(0.0)          # -0.0 + 0.0 = +0.0; every other value unchanged
+        if out is None:
+            return y
+        out[:] = y
+        return out
 
 
 def check_vector(x) -> np.ndarray:

@@ -14,15 +14,13 @@ that arrives from the network is read by C with bounds checks; numpy only sees a
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
-
 import numpy as np
 
 from . import fft_reference as ref
 from ._cffi_util import bytes_in, error_text
 from ._native import ffi, lib
 from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
-from .memory import ErrorFeedback, memory_from_arg
+from .memory import check_switch
 
 IMPLS = ("c", "numpy")
 
@@ -75,7 +73,7 @@ class FFTCodec(Codec):
     name = "fft"
 
     def __init__(self, theta: float = 0.85, bits: int = 10, mantissa_bits: int | None = None,
-                 error_feedback: bool | ErrorFeedback = False, impl: str = "c"):
+                 error_feedback: bool = False, impl: str = "c"):
         self.theta = _check_theta(theta)
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
             raise TypeError(f"bits must be an integer, got {bits!r}")
@@ -92,13 +90,13 @@ class FFTCodec(Codec):
                 raise ValueError(f"{self.bits}-bit codes with mantissa_bits={mantissa_bits} would run past "
                                  f"float's exponent range: use more mantissa bits")
         self.mantissa_bits = mantissa_bits
-        self.memory = memory_from_arg(error_feedback)
+        self.wants_error_feedback = check_switch("error_feedback", error_feedback)
         check_choice("impl", impl, IMPLS)
         self.impl = impl
 
     def __repr__(self) -> str:
         return (f"FFTCodec(theta={self.theta}, bits={self.bits}, mantissa_bits={self.mantissa_bits}, "
-                f"error_feedback={self.memory is not None}, impl={self.impl!r})")
+                f"error_feedback={self.wants_error_feedback}, impl={self.impl!r})")
 
     def set_theta(self, theta: float) -> None:
         """Change the drop ratio (e.g. from a ThetaSchedule once per epoch)."""
@@ -108,22 +106,19 @@ class FFTCodec(Codec):
         """Components kept for n values: K - floor(theta * K), K = fft_length(n)/2 + 1."""
         return ref.kept_count(check_count(n), self.theta)
 
-    def encoded_size(self, n: int) -> int:
-        """Bytes of a blob for n values (header, bitmap and codes)."""
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes of a blob for x (header, bitmap and codes; only the length counts)."""
+        return self.max_encoded_size(check_vector(x).size)
+
+    def max_encoded_size(self, n: int) -> int:
         return ref.encoded_size(check_count(n), self.kept(n), self.bits)
 
     # --- encode / decode ----------------------------------------------------------------------
-    def encode(self, x: np.ndarray, key: Hashable = None) -> bytes:
+    def encode(self, x: np.ndarray) -> bytes:
         x = check_vector(x)
         if x.size > ref.MAX_N:
             raise ValueError(f"FFT codec handles at most {ref.MAX_N} values, got {x.size}")
-        if self.memory is None:
-            return self.encode_spectrum(ref.spectrum(x), x.size)
-        key = x.size if key is None else key
-        comp = self.memory.compensate(key, x)
-        blob = self.encode_spectrum(ref.spectrum(comp), x.size)
-        self.memory.update(key, comp, self.decode(blob, x.size))
-        return blob
+        return self.encode_spectrum(ref.spectrum(x), x.size)
 
     def encode_spectrum(self, spec: np.ndarray, n: int) -> bytes:
         """Sparsify and quantize a given spectrum (complex64, ``rfft(x, fft_length(n))``)."""
@@ -183,10 +178,6 @@ class FFTCodec(Codec):
         if r != lib.FFT_OK:
             raise ValueError(f"malformed FFT stream: {error_text(lib.fft_strerror, r)}")
         return dict(bits=c.bits, mantissa=c.mantissa, eps=float(c.eps), n=c.n, k=c.k, bins=c.bins)
-
-    def reset(self) -> None:
-        if self.memory is not None:
-            self.memory.reset()
 
 
 def range_float_roundtrip(v: np.ndarray, bits: int = 10, mantissa: int = 6, max_abs: float | None = None,

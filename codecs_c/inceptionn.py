@@ -7,7 +7,7 @@ import numpy as np
 from . import inceptionn_reference as ref
 from ._cffi_util import decode_stream, error_text
 from ._native import ffi, lib
-from .base import Codec, check_blob, check_choice, check_out, check_vector
+from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
 
 IMPLS = {"auto": lib.INC_IMPL_AUTO, "scalar": lib.INC_IMPL_SCALAR, "avx2": lib.INC_IMPL_AVX2, "numpy": None}
 TIER_NAMES = ("0bit", "8bit", "16bit", "32bit")
@@ -26,6 +26,10 @@ class InceptionnCodec(Codec):
     """Error bound 2^error_bound, error_bound a negative integer (the paper uses -10, -8, -6)."""
 
     name = "inceptionn"
+    per_value = True             # 8-value groups, but every value decodes to its own reconstruction
+    wants_scaling = True         # absolute precision: below 2^-7 most values become zero
+    wants_error_feedback = True  # ... and error feedback brings back what was dropped
+    thread_safe = True           # stateless C
 
     def __init__(self, error_bound: int = -10, impl: str = "auto"):
         if isinstance(error_bound, bool) or not isinstance(error_bound, (int, np.integer)):
@@ -95,9 +99,7 @@ class InceptionnCodec(Codec):
         if out.size != x.size:
             raise ValueError(f"output holds {out.size} values, input {x.size}")
         if self.impl == "numpy":
-            out[:] = self.roundtrip(x)
-            out += np.float32(0.0)  # -0.0 + 0.0 = +0.0
-            return out
+            return super().reconstruct(x, out)
         lib.inc_reconstruct(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound,
                             ffi.cast("float *", ffi.from_buffer(out)))
         return out
@@ -110,6 +112,9 @@ class InceptionnCodec(Codec):
         counts = ffi.new("uint64_t[4]")
         lib.inc_histogram(ffi.cast("const float *", ffi.from_buffer(x)), x.size, self.error_bound, counts)
         return np.array(list(counts), dtype=np.int64)
+
+    def max_encoded_size(self, n: int) -> int:
+        return max_encoded_size(check_count(n))
 
     def encoded_size(self, x: np.ndarray) -> int:
         """Bytes ``encode(x)`` would produce, without producing them."""

@@ -1,16 +1,28 @@
-"""Error feedback as one reusable piece (GRACE's "Memory"), not copied into each codec.
+"""Error feedback as one reusable piece (GRACE's "Memory"), the only one: codecs keep none.
 
 What a lossy codec drops in one round is added back before the next: the sender keeps, per
 tensor (or bucket) key, the residual ``compensated - reconstructed``, where ``reconstructed`` is
-exactly what the receiver decodes (the codec's deterministic ``roundtrip``, or the decode of the
-blob that was sent). 3LC's accumulation buffer and THC's ``e = x - RHT^-1(own quantized)`` are
-this same loop.
+exactly what the receiver decodes (the decode of the blob that was sent). 3LC's accumulation
+buffer and THC's ``e = x - RHT^-1(own quantized)`` are this same loop:
+``memory.encode(codec, x, key)``. The collective runs it over whole calls (``compensate_into``,
+``sink``, ``store``), where what each receiver decodes is known piece by piece.
 """
 from __future__ import annotations
 
 from collections.abc import Hashable
 
 import numpy as np
+
+
+class Sink:
+    """What the receivers did not get in one call, filled piece by piece as the pieces go on the
+    wire (a collective's engines call ``record`` for every position exactly once per call)."""
+
+    def __init__(self, n: int):
+        self.lost = np.empty(n, dtype=np.float32)
+
+    def record(self, a: int, b: int, sent: np.ndarray, decoded: np.ndarray) -> None:
+        np.subtract(sent, decoded, out=self.lost[a:b])
 
 
 class ErrorFeedback:
@@ -21,6 +33,7 @@ class ErrorFeedback:
             raise ValueError(f"error-feedback decay must be in [0, 1], got {decay}")
         self.decay = float(decay)
         self._residual: dict[Hashable, np.ndarray] = {}
+        self._sinks: dict[Hashable, Sink] = {}
 
     def compensate(self, key: Hashable, x: np.ndarray) -> np.ndarray:
         """``x`` plus what was lost for ``key`` last time (a new array; ``x`` is not modified)."""
@@ -30,6 +43,36 @@ class ErrorFeedback:
         if r.shape != x.shape:
             raise ValueError(f"error-feedback key {key!r}: shape {x.shape} differs from the stored {r.shape}")
         return (x + r).astype(np.float32, copy=False)
+
+    def compensate_into(self, key: Hashable, x: np.ndarray, out: np.ndarray) -> None:
+        """``out = x`` plus what was lost for ``key`` last time, without a temporary (``out`` may
+        be ``x``)."""
+        r = self._residual.get(key)
+        if r is None:
+            if out is not x:
+                out[:] = x
+            return
+        if r.shape != x.shape:
+            raise ValueError(f"error-feedback key {key!r}: {x.size} values now, {r.size} last time; "
+                             "pass a distinct key= for each tensor")
+        np.add(x, r, out=out)
+
+    def sink(self, key: Hashable, n: int) -> Sink:
+        """The key's Sink for a call of ``n`` values, reused: n fresh floats every call would cost
+        page faults, not just memory. Hand ``sink.lost`` to ``store`` when the call is done."""
+        s = self._sinks.get(key)
+        if s is None or s.lost.size != n:
+            s = self._sinks[key] = Sink(n)
+        return s
+
+    def encode(self, codec, x: np.ndarray, key: Hashable) -> bytes:
+        """One round around ``codec``: encode ``x`` plus the key's residual and keep what the
+        receiver will not see. A codec that needs agreement agrees on the compensated vector
+        first (``codec.local_stat(memory.compensate(key, x))``)."""
+        comp = self.compensate(key, x)
+        blob, decoded = codec.encode_decoded(comp)
+        self.update(key, comp, decoded)
+        return blob
 
     def update(self, key: Hashable, compensated: np.ndarray, reconstructed: np.ndarray) -> None:
         """Remember what the receiver will not see: ``compensated - reconstructed``."""
@@ -60,11 +103,8 @@ class ErrorFeedback:
         return len(self._residual)
 
 
-def memory_from_arg(error_feedback) -> ErrorFeedback | None:
-    """A codec's ``error_feedback`` argument: an ErrorFeedback to share, True for a fresh one,
-    False for none."""
-    if isinstance(error_feedback, ErrorFeedback):
-        return error_feedback
-    if isinstance(error_feedback, bool):
-        return ErrorFeedback() if error_feedback else None
-    raise TypeError(f"error_feedback must be a bool or an ErrorFeedback, got {error_feedback!r}")
+def check_switch(name: str, value) -> bool:
+    """A codec's on/off argument such as ``error_feedback`` (which sets its trait)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value

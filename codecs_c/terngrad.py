@@ -28,7 +28,7 @@ import numpy as np
 from . import terngrad_reference as ref
 from ._cffi_util import decode_blob, error_text
 from ._native import ffi, lib
-from .base import Codec, check_choice, check_vector
+from .base import Codec, check_choice, check_count, check_vector
 
 PACKINGS = {"2bit": lib.TG_PACK_2BIT, "base3": lib.TG_PACK_BASE3}
 IMPLS = ("auto", "c", "numpy")
@@ -144,6 +144,12 @@ class TernGradCodec(Codec):
             blob = out[:r].tobytes()
         self._draw += ref.draws(x.size)
         return blob
+
+    def encoded_size(self, x: np.ndarray) -> int:
+        return encoded_size(check_vector(x).size, self.packing)
+
+    def max_encoded_size(self, n: int) -> int:
+        return encoded_size(check_count(n), self.packing)
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
         return decode_blob(self.impl, ref.decode, blob, out, lib.tg_decode, lib.tg_strerror, lib.TG_OK, "terngrad")

@@ -3,29 +3,34 @@ numpy reference selectable as ``impl="numpy"`` (same bytes for the same seeds).
 
 One round, per worker (the collective drives the agreement, see ``Codec.needs_agreement``)::
 
-    stat = codec.local_stat(grad)           # ||grad + e||, e the error-feedback residual
+    comp = memory.compensate(key, grad)     # grad + e, e the error-feedback residual (memory.py)
+    stat = codec.local_stat(comp)           # ||grad + e||
     codec.agree(max_over_workers(stat), r)  # l = max norm; rotation seed from (seed, r)
-    blob = codec.encode(grad)               # b-bit table indices, self-contained header
+    blob = memory.encode(codec, grad, key)  # b-bit table indices, self-contained header; e updated
     # a peer adds blobs without decoding them:
     summed = codec.sum_encoded([blob_0, ..., blob_{N-1}])   # integer sums of T[z]
     mean = codec.decode_sum(summed, grad.size)              # mean of the workers' values
 
 ``decode(blob, n)`` of one worker's blob gives that worker's contribution; of a summed blob it
 gives the mean over the blob's ``count`` contributions (``decode_sum`` says so explicitly).
+
+THC is specified with error feedback (``e = x - RHT^-1(own quantized)``): the codec says so
+(``wants_error_feedback``, ``error_feedback=False`` turns it off) and the shared
+``ErrorFeedback`` runs it; the codec keeps no residual itself.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from . import thc_reference as ref
-from . import thc_table_gen
+from . import thc_table_generator
 from ._cffi_util import bytes_in, error_text, floats_out
 from ._native import ffi, lib
 from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
-from .memory import ErrorFeedback, memory_from_arg
-from .thc_table import TABLES
+from .memory import check_switch
+from .thc_table_generated import TABLES
 
 IMPLS = ("c", "numpy")
 SUM_WIDTHS = (8, 16, 32)
@@ -45,10 +50,10 @@ def lookup_table(bits: int, granularity: int, p: float, kind: str = "nonuniform"
         if granularity != (1 << bits) - 1:
             raise ValueError(f"the uniform table needs granularity 2^bits - 1 = {(1 << bits) - 1}, "
                              f"got {granularity}")
-        return thc_table_gen.uniform_table(bits)
+        return thc_table_generator.uniform_table(bits)
     if kind != "nonuniform":
         raise ValueError(f"table must be 'nonuniform', 'uniform' or a sequence of levels, got {kind!r}")
-    return TABLES.get((bits, granularity, p)) or thc_table_gen.optimal_table(bits, granularity, p)
+    return TABLES.get((bits, granularity, p)) or thc_table_generator.optimal_table(bits, granularity, p)
 
 
 def _int_param(name, value, lo, hi):
@@ -67,7 +72,7 @@ class THCCodec(Codec):
 
     def __init__(self, bits: int = 4, granularity: int | None = None, p: float = 1 / 32,
                  table: str | Sequence[int] = "nonuniform", seed: int = 0,
-                 error_feedback: bool | ErrorFeedback = True, noise_seed: int | None = None,
+                 error_feedback: bool = True, noise_seed: int | None = None,
                  impl: str = "c"):
         self.bits = _int_param("bits", bits, 1, lib.THC_MAX_BITS)
         levels = 1 << self.bits
@@ -77,7 +82,7 @@ class THCCodec(Codec):
         if isinstance(p, bool) or not isinstance(p, (int, float, np.floating)) or not 0.0 < p < 1.0:
             raise ValueError(f"p (the expected fraction of clamped coordinates) must be in (0, 1), got {p!r}")
         self.p = float(p)
-        self.t_p = thc_table_gen.t_p(self.p)
+        self.t_p = thc_table_generator.t_p(self.p)
         if isinstance(table, str):
             self.table_kind = table
             self.table = lookup_table(self.bits, self.granularity, self.p, table)
@@ -92,7 +97,7 @@ class THCCodec(Codec):
         if noise_seed is not None:
             noise_seed = _int_param("noise_seed", noise_seed, 0, _U64 - 1)
         self._noise = np.random.default_rng(noise_seed)  # per worker: independent rounding noise
-        self.memory = memory_from_arg(error_feedback)
+        self.wants_error_feedback = check_switch("error_feedback", error_feedback)
         check_choice("impl", impl, IMPLS)
         self.impl = impl
         self._table_c = ffi.new("uint8_t[]", bytes(self.table))
@@ -101,13 +106,9 @@ class THCCodec(Codec):
 
     def __repr__(self) -> str:
         return (f"THCCodec(bits={self.bits}, granularity={self.granularity}, p={self.p}, "
-                f"table={self.table_kind!r}, error_feedback={self.memory is not None}, impl={self.impl!r})")
+                f"table={self.table_kind!r}, error_feedback={self.wants_error_feedback}, impl={self.impl!r})")
 
     # --- agreement ----------------------------------------------------------------------------
-    def _compensated(self, x: np.ndarray, key) -> tuple[np.ndarray, Hashable]:
-        key = x.size if key is None else key
-        return (self.memory.compensate(key, x) if self.memory is not None else x), key
-
     def _norm(self, x: np.ndarray) -> float:
         if self.impl == "numpy":
             s = float(np.dot(x.astype(np.float64), x.astype(np.float64)))
@@ -117,10 +118,10 @@ class THCCodec(Codec):
             raise ValueError("THC input holds a non-finite value (its norm is not finite)")
         return float(np.sqrt(s))
 
-    def local_stat(self, x: np.ndarray, key: Hashable = None) -> float:
-        """``||x + e||``: the error-compensated vector's norm (the max over workers is ``l``)."""
-        comp, _ = self._compensated(check_vector(x), key)
-        return self._norm(comp)
+    def local_stat(self, x: np.ndarray) -> float:
+        """``||x||`` of the vector to encode (with error feedback: the compensated one); the max
+        over workers is ``l``."""
+        return self._norm(check_vector(x))
 
     def agree(self, shared: float, round_no: int) -> None:
         """``shared`` = max over workers of ``local_stat``; ``round_no`` seeds the rotation."""
@@ -136,22 +137,17 @@ class THCCodec(Codec):
         return np.float32(self.t_p * norm / np.sqrt(float(ref.padded_dim(n))))
 
     # --- encode / decode ----------------------------------------------------------------------
-    def encode(self, x: np.ndarray, key: Hashable = None) -> bytes:
-        """Compress (with error feedback under ``key``, default the length). Without an
-        ``agree`` (a single worker) the codec agrees with itself: ``l = ||x + e||`` and the round
-        number counts the encodes."""
+    def encode(self, x: np.ndarray) -> bytes:
+        """Compress. Without an ``agree`` (a single worker) the codec agrees with itself:
+        ``l = ||x||`` and the round number counts the encodes."""
         x = check_vector(x)
-        comp, key = self._compensated(x, key)
         if self._agreed is None:
-            norm, round_no = self._norm(comp), self._auto_round
+            norm, round_no = self._norm(x), self._auto_round
             self._auto_round += 1
         else:
             norm, round_no = self._agreed
-        blob = self.encode_with(comp, self.range_for(norm, x.size), round_seed(self.seed, round_no),
+        return self.encode_with(x, self.range_for(norm, x.size), round_seed(self.seed, round_no),
                                 int(self._noise.integers(0, _U64, dtype=np.uint64)))
-        if self.memory is not None:  # e = x - RHT^-1(own quantized): what the receiver decodes
-            self.memory.update(key, comp, self.decode(blob, x.size))
-        return blob
 
     def encode_with(self, x: np.ndarray, range_: float, rot_seed: int, noise_seed: int) -> bytes:
         """The bare quantizer with explicit range M, rotation and noise seeds (no error feedback)."""
@@ -283,12 +279,14 @@ class THCCodec(Codec):
         mean = self.decode(summed, n)
         return mean if reduce == "mean" else (mean * np.float32(info["count"])).astype(np.float32)
 
-    def encoded_size(self, n: int) -> int:
-        """Bytes of one worker's blob for n values (header, table and padding included)."""
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes of one worker's blob for x (header, table and padding included; only the length
+        counts)."""
+        return self.max_encoded_size(check_vector(x).size)
+
+    def max_encoded_size(self, n: int) -> int:
         return ref.blob_size(check_count(n), self.bits, self.bits)
 
     def reset(self) -> None:
-        """Forget the error-feedback residuals and the agreement."""
-        if self.memory is not None:
-            self.memory.reset()
+        """Forget the agreement."""
         self._agreed = None

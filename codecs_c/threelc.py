@@ -1,27 +1,22 @@
 """3LC (docs/spec.md section 5) through its C library, with the numpy reference selectable as
 ``impl="numpy"``: 3-value quantization with a sparsity multiplier, base-3^5 packing and
-zero-run encoding, plus 3LC's per-tensor error accumulation. The stream layout is in
-``codecs_c/threelc_codec.h`` and docs/codecs.md.
+zero-run encoding. The stream layout is in ``codecs_c/threelc_codec.h`` and docs/codecs.md.
 
-Error feedback is the shared ``ErrorFeedback`` memory (memory.py), held by the codec and keyed
-by tensor: ``encode(x, key=k)`` quantizes ``A = x + residual[k]`` and stores ``A - M*Q`` back,
-exactly the spec's ``A += T; ...; A -= M*Q`` with one accumulation buffer per tensor. One codec
-serves every tensor of a model, a key each (a layer name, a bucket index). Without a key,
-``encode(x)`` is the plain, stateless codec (quantize ``x`` as it is), which is what a caller
-that runs its own ErrorFeedback around the codec needs, e.g. the collective, whose error
-feedback over whole tensors is this same loop; ``roundtrip(x)`` never touches the memory either.
+3LC's per-tensor error accumulation is the shared ``ErrorFeedback`` (memory.py), which the
+codec says it wants (``wants_error_feedback``) and does not keep itself:
+``memory.encode(codec, x, key)`` quantizes ``A = x + residual[key]`` and stores ``A - M*Q``
+back, exactly the spec's ``A += T; ...; A -= M*Q`` with one accumulation buffer per tensor
+(``encode_decoded`` hands the memory ``M*Q`` from the same C pass). The codec itself is
+stateless.
 """
 from __future__ import annotations
-
-from collections.abc import Hashable
 
 import numpy as np
 
 from . import threelc_reference as ref
 from ._cffi_util import decode_blob, error_text, floats_out
 from ._native import ffi, lib
-from .base import Codec, check_choice, check_vector
-from .memory import ErrorFeedback
+from .base import Codec, check_choice, check_count, check_vector
 
 IMPLS = ("auto", "c", "numpy")
 HEADER_BYTES = lib.TLC_HEADER_BYTES
@@ -44,23 +39,19 @@ def _error(r: int) -> str:
 
 class ThreeLCCodec(Codec):
     """``sparsity`` the multiplier s in [1, 2) (1.0 keeps max|A|; 1.5, 1.75, 1.9 in the paper);
-    ``zre`` zero-run encoding on/off; ``memory`` the ErrorFeedback holding the per-tensor
-    accumulation buffers used by ``encode(x, key=...)`` (a fresh one by default)."""
+    ``zre`` zero-run encoding on/off."""
 
     name = "3lc"
+    wants_error_feedback = True  # specified with an error-accumulation buffer
 
-    def __init__(self, sparsity: float = 1.0, zre: bool = True, memory: ErrorFeedback | None = None,
-                 impl: str = "auto"):
+    def __init__(self, sparsity: float = 1.0, zre: bool = True, impl: str = "auto"):
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.integer, np.floating)):
             raise TypeError(f"sparsity must be a number in [1, 2), got {sparsity!r}")
         self.sparsity = float(ref.check_sparsity(sparsity))  # as float32, the value C uses
         if not isinstance(zre, bool):
             raise TypeError(f"zre must be True or False, got {zre!r}")
-        if memory is not None and not isinstance(memory, ErrorFeedback):
-            raise TypeError(f"memory must be an ErrorFeedback, got {type(memory).__name__}")
         check_choice("impl", impl, IMPLS)
         self.zre = zre
-        self.memory = memory if memory is not None else ErrorFeedback()
         self.impl = "c" if impl == "auto" else impl
 
     def __repr__(self) -> str:
@@ -83,26 +74,22 @@ class ThreeLCCodec(Codec):
             raise ValueError(f"3lc encode: {_error(r)}")
         return out[:r].tobytes(), rec
 
-    def encode(self, x: np.ndarray, key: Hashable | None = None) -> bytes:
-        """Compress ``x``. With a ``key`` (one per tensor) 3LC's error accumulation runs: the
-        key's residual is added first and the new one stored in ``memory``. Without, the codec
-        is stateless."""
-        x = check_vector(x)
-        if key is None:
-            return self._quantize(x, recon=False)[0]
-        a = self.memory.compensate(key, x)
-        blob, recon = self._quantize(a)
-        self.memory.update(key, a, recon)
-        return blob
+    def encode(self, x: np.ndarray) -> bytes:
+        return self._quantize(check_vector(x), recon=False)[0]
+
+    def encode_decoded(self, x: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """The stream and ``M*Q`` (what a receiver decodes) from one C pass."""
+        return self._quantize(check_vector(x))
 
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
-        """What a receiver decodes for ``x`` alone (no error feedback, memory untouched)."""
-        x = check_vector(x)
-        return self._quantize(x)[1]
+        return self._quantize(check_vector(x))[1]
 
-    def reset(self) -> None:
-        """Forget every tensor's accumulated error."""
-        self.memory.reset()
+    def encoded_size(self, x: np.ndarray) -> int:
+        """Bytes of the stateless ``encode(x)`` (zero runs depend on the data: quantizes)."""
+        return len(self._quantize(check_vector(x), recon=False)[0])
+
+    def max_encoded_size(self, n: int) -> int:
+        return max_encoded_size(check_count(n))
 
     def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
         return decode_blob(self.impl, ref.decode, blob, out, lib.tlc_decode, lib.tlc_strerror, lib.TLC_OK, "3lc")

@@ -18,6 +18,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
+from ..procs import stop
 from .nicd import wait_ready
 
 
@@ -48,16 +49,6 @@ def nicd(host, sock: str, error_bound: int, accept_only: bool = False, *, new_se
 def _drain(p) -> None:
     for line in iter(p.stderr.readline, b""):
         p.log.append(line.decode(errors="replace").rstrip())
-
-
-def stop(p, timeout: float = 10.0) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def read_stats(sock: str) -> dict:

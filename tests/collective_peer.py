@@ -16,8 +16,7 @@ import numpy as np
 
 from inceptionn.codecs import get_codec
 from inceptionn.daemon.stats import read as read_stats
-from inceptionn.shim.collective import Group
-from inceptionn.shim.rendezvous import FileStore
+from inceptionn.collective import FileStore, Group
 
 COUNTERS = ("egress_packets", "egress_compressed", "egress_orig_bytes", "egress_wire_bytes", "egress_raw_bytes",
             "ingress_restored", "ingress_orig_bytes", "drop_crc", "drop_header", "drop_checksum", "drop_decode",

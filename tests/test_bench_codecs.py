@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-from conftest_testbed import assert_one_line_error, needs_root, no_leaks, run_cli, tb_name  # noqa: F401
+from cli_helpers import assert_one_line_error, run_cli
+from netns_helpers import needs_root
 from inceptionn.bench import codecs as bc
 from inceptionn.cli import main
 from inceptionn.errors import UserError

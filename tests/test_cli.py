@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from conftest_testbed import CLI, assert_one_line_error, needs_root, no_leaks, run_cli, tb_name, veth_ns  # noqa: F401
+from cli_helpers import CLI, assert_one_line_error, run_cli
+from netns_helpers import needs_root
 from inceptionn.cli import build_parser
 from inceptionn.daemon.config import FIELDS
 from inceptionn.limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN

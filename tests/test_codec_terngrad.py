@@ -355,8 +355,7 @@ def _ranks(world, fn):
 @pytest.mark.parametrize("share_scaler", [False, True])
 def test_inside_the_collective(tmp_path, share_scaler):
     """Ring allreduce and WA with TernGrad in the app: the same result on every rank, unbiased."""
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.rendezvous import FileStore
+    from inceptionn.collective import FileStore, Group
 
     world, n, calls = 3, 2003, 60
     rng = np.random.default_rng(0)

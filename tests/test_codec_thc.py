@@ -3,6 +3,7 @@ the randomized Hadamard transform, unbiased stochastic quantization, the homomor
 overflow limits, error feedback, and refusal of malformed blobs."""
 import itertools
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +12,9 @@ from hypothesis import strategies as st
 
 from inceptionn.codecs import ErrorFeedback, get_codec
 from inceptionn.codecs import thc_reference as ref
-from inceptionn.codecs import thc_table_gen as gen
+from inceptionn.codecs import thc_table_generator as gen
 from inceptionn.codecs.thc import round_seed
-from inceptionn.codecs.thc_table import TABLES
+from inceptionn.codecs.thc_table_generated import TABLES
 from codec_checks import assert_decodes_like_reference_or_both_refuse
 
 IMPLS = ["c", "numpy"]
@@ -55,7 +56,7 @@ def test_table_solver_matches_brute_force(bits, g, p):
 
 
 def test_shipped_tables_equal_a_fresh_computation():
-    assert gen.render(gen.shipped_tables()) == open(gen.__file__.replace("thc_table_gen.py", "thc_table.py")).read()
+    assert gen.render(gen.shipped_tables()) == (Path(gen.__file__).parent / gen.GENERATED).read_text()
     for (bits, g, p), t in TABLES.items():
         assert len(t) == 1 << bits and t[0] == 0 and t[-1] == g and all(a < b for a, b in zip(t, t[1:]))
 
@@ -133,7 +134,8 @@ def test_known_blob():
 def test_blob_size_counts_padding_header_and_table():
     c = get_codec("thc")
     n = 100_000
-    assert len(c.encode(grads(np.random.default_rng(1), n))) == c.encoded_size(n) == 24 + 16 + 131072 // 2
+    x = grads(np.random.default_rng(1), n)
+    assert len(c.encode(x)) == c.encoded_size(x) == c.max_encoded_size(n) == 24 + 16 + 131072 // 2
 
 
 # --- unbiasedness -------------------------------------------------------------------------------------
@@ -269,14 +271,17 @@ def test_error_feedback_carries_the_residual():
     n = 3000
     c = get_codec("thc", noise_seed=1, p=0.3)  # heavy clamping: a biased quantizer
     plain = get_codec("thc", noise_seed=1, p=0.3, error_feedback=False)
+    assert c.wants_error_feedback and not plain.wants_error_feedback
+    mem = ErrorFeedback()
     sent, got, got_plain = np.zeros(n), np.zeros(n), np.zeros(n)
     for r in range(30):
         x = grads(rng, n)
         sent += x
-        for codec, acc in ((c, got), (plain, got_plain)):
-            codec.agree(codec.local_stat(x), r)
-            acc += codec.decode(codec.encode(x), n)
-    residual = c.memory.residual(n)
+        c.agree(c.local_stat(mem.compensate("g", x)), r)     # l = ||x + e||
+        got += c.decode(mem.encode(c, x, "g"), n)
+        plain.agree(plain.local_stat(x), r)
+        got_plain += plain.decode(plain.encode(x), n)
+    residual = mem.residual("g")
     # What was sent and not yet delivered is exactly the residual (up to float32 rounding).
     np.testing.assert_allclose(got + residual, sent, atol=1e-5 * np.abs(sent).max())
     assert np.linalg.norm(got - sent) < 0.5 * np.linalg.norm(got_plain - sent)
@@ -284,24 +289,26 @@ def test_error_feedback_carries_the_residual():
 
 def test_error_feedback_memory_can_be_shared_and_keyed():
     mem = ErrorFeedback()
-    c = get_codec("thc", error_feedback=mem)
+    c = get_codec("thc")
     x = grads(np.random.default_rng(2), 50)
-    c.encode(x, key="layer1")
-    c.encode(x, key="layer2")
-    assert len(mem) == 2 and c.memory is mem
+    mem.encode(c, x, "layer1")
+    mem.encode(c, x, "layer2")
+    assert len(mem) == 2
     r1 = mem.residual("layer1").copy()
-    blob = c.encode(np.zeros(50, np.float32), key="layer1")  # sends the residual alone
+    blob = mem.encode(c, np.zeros(50, np.float32), "layer1")  # sends the residual alone
     np.testing.assert_allclose(mem.residual("layer1"), r1 - c.decode(blob, 50), atol=1e-7)
-    c.reset()
+    mem.reset()
     assert len(mem) == 0
 
 
-def test_local_stat_is_the_compensated_norm():
+def test_local_stat_of_the_compensated_vector_is_its_norm():
     c = get_codec("thc")
+    mem = ErrorFeedback()
     x = grads(np.random.default_rng(2), 500)
     assert c.local_stat(x) == pytest.approx(np.linalg.norm(x.astype(np.float64)))
-    c.encode(x)
-    assert c.local_stat(x) == pytest.approx(np.linalg.norm(x.astype(np.float64) + c.memory.residual(500)), rel=1e-6)
+    mem.encode(c, x, "k")
+    assert c.local_stat(mem.compensate("k", x)) == pytest.approx(
+        np.linalg.norm(x.astype(np.float64) + mem.residual("k")), rel=1e-6)
 
 
 # --- malformed input ------------------------------------------------------------------------------------

@@ -137,48 +137,53 @@ def test_error_feedback_accumulates_per_tensor(impl):
     """SPEC: A += T; M = s*max|A|; Q = round(A/M); A -= M*Q, one buffer per tensor."""
     rng = np.random.default_rng(9)
     c = get_codec("3lc", sparsity=1.5, impl=impl)
+    mem = ErrorFeedback()
+    assert c.wants_error_feedback
     steps = [(rng.standard_normal(997) * 1e-3).astype(np.float32) for _ in range(30)]
     other = (rng.standard_normal(50) * 1e-3).astype(np.float32)
     A = np.zeros(997, np.float32)
     sent = np.zeros(997, np.float64)
     for t in steps:
-        blob = c.encode(t, key="w1")
-        c.encode(other, key="b1")  # another tensor: its own buffer
+        blob = mem.encode(c, t, "w1")
+        mem.encode(c, other, "b1")  # another tensor: its own buffer
         A = (A + t).astype(np.float32)
         m, q = ref.quantize(A, 1.5)
         assert blob == ref.encode_quantized(m, q)  # the codec saw exactly the spec's A
         A = (A - ref.dequantize(m, q)).astype(np.float32)
-        np.testing.assert_array_equal(bits(c.memory.residual("w1")), bits(A))
+        np.testing.assert_array_equal(bits(mem.residual("w1")), bits(A))
         sent += c.decode(blob, 997)
     # Nothing is lost, only delayed: sum of inputs = sum of what was sent + what is pending.
     np.testing.assert_allclose(sum(s.astype(np.float64) for s in steps), sent + A, atol=1e-6)
-    assert len(c.memory) == 2
+    assert len(mem) == 2
     with pytest.raises(ValueError, match="shape"):
-        c.encode(other, key="w1")
-    c.reset()
-    assert len(c.memory) == 0
+        mem.encode(c, other, "w1")
+    mem.reset()
+    assert len(mem) == 0
 
 
-def test_without_key_the_codec_is_stateless():
+def test_the_codec_is_stateless():
     x = (np.random.default_rng(2).standard_normal(300) * 1e-3).astype(np.float32)
     c = get_codec("3lc")
     assert c.encode(x) == c.encode(x)
     np.testing.assert_array_equal(c.roundtrip(x), c.decode(c.encode(x), x.size))
-    assert len(c.memory) == 0
-    shared = ErrorFeedback()
-    a, b = get_codec("3lc", memory=shared), get_codec("3lc", sparsity=1.9, memory=shared)
-    a.encode(x, key="k")
-    assert b.memory is shared and shared.residual("k") is not None
+    blob, decoded = c.encode_decoded(x)    # what error feedback gets: the same bytes, their decode
+    assert blob == c.encode(x)
+    np.testing.assert_array_equal(bits(decoded), bits(c.decode(blob, x.size)))
+    shared = ErrorFeedback()                # one memory serves several codecs, a key per tensor
+    shared.encode(get_codec("3lc"), x, "k")
+    shared.encode(get_codec("3lc", sparsity=1.9), x, "k2")
+    assert shared.residual("k") is not None and len(shared) == 2
 
 
 def test_error_feedback_on_real_gradients_beats_plain_quantization():
     from inceptionn.train.gradients import capture_gradients
     gs = capture_gradients(4)
     c = get_codec("3lc")
+    mem = ErrorFeedback()
     sent = np.zeros(gs[0].size, np.float64)
     plain = np.zeros(gs[0].size, np.float64)
     for g in gs:
-        sent += c.decode(c.encode(g, key=0), g.size)
+        sent += c.decode(mem.encode(c, g, 0), g.size)
         plain += c.roundtrip(g)
     truth = sum(g.astype(np.float64) for g in gs)
     err_ef = np.linalg.norm(sent - truth) / np.linalg.norm(truth)
@@ -306,8 +311,7 @@ def test_inside_the_collective(tmp_path):
     same result on every rank, and what is sent over many calls adds up to the true sum."""
     import threading
 
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.rendezvous import FileStore
+    from inceptionn.collective import FileStore, Group
 
     world, n, calls = 3, 2003, 40
     rng = np.random.default_rng(0)

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 from inceptionn.codecs import Codec, available_codecs, get_codec
-from inceptionn.shim import scaling as sc
-from inceptionn.shim.collective import Group
-from inceptionn.shim.rendezvous import FileStore
-from inceptionn.shim.ring import block_bounds
+from inceptionn.collective import scaling as sc
+from inceptionn.collective import FileStore, Group
+from inceptionn.collective.ring import block_bounds
 
 CODEC = get_codec("inceptionn", error_bound=-10)
 
@@ -113,10 +112,10 @@ def ring_expected(xs, mode, scaling=True, codec=CODEC):
     for b, (lo, hi) in enumerate(block_bounds(n, world)):
         acc = s[b][lo:hi].copy()
         for j in range(1, world):
-            inc = {"app": codec.roundtrip, "nic": lambda v: sc.nic_reconstruct(codec, v)}.get(mode, np.copy)(acc)
+            inc = {"app": codec.roundtrip, "nic": codec.reconstruct}.get(mode, np.copy)(acc)
             acc = s[(b + j) % world][lo:hi] + inc
         if mode == "nic":
-            acc = sc.nic_reconstruct(codec, acc)
+            acc = codec.reconstruct(acc)
         elif mode == "app":
             acc = codec.roundtrip(acc)
         out[lo:hi] = acc
@@ -129,7 +128,7 @@ def wa_expected(xs, mode, scaling=True, codec=CODEC):
     s, exps = scaled_inputs(xs, 1) if scaling and mode != "raw" else ([x.copy() for x in xs], None)
     total = s[0].copy()
     for r in range(1, len(xs)):
-        lossy = {"app": codec.roundtrip, "nic": lambda v: sc.nic_reconstruct(codec, v)}.get(mode, np.copy)
+        lossy = {"app": codec.roundtrip, "nic": codec.reconstruct}.get(mode, np.copy)
         total = total + lossy(s[r])
     if exps is not None:
         sc.apply(total, exps, sc.BUCKET_VALUES, inverse=True)
@@ -151,18 +150,17 @@ def test_nic_reconstruction_is_idempotent(k):
     unchanged whether the NIC compresses its packet or sends it raw."""
     c = get_codec("inceptionn", error_bound=k)
     x = _all_exponents(400_000)
-    q = sc.nic_reconstruct(c, x)
+    q = c.reconstruct(x)
     assert not np.signbit(q[q == 0]).any()
     assert np.array_equal(c.roundtrip(q).view(np.uint32), q.view(np.uint32))
-    assert np.array_equal(sc.nic_reconstruct(c, q).view(np.uint32), q.view(np.uint32))
+    assert np.array_equal(c.reconstruct(q).view(np.uint32), q.view(np.uint32))
     # the plain round trip is idempotent only up to the sign of zero (8BIT field 0 -> signed zero)
     raw = c.roundtrip(x)
     differ = raw.view(np.uint32) != c.roundtrip(raw).view(np.uint32)
     assert (raw[differ] == 0).all()
 
 
-def test_scale_exponents_match_the_benchmark():
-    from inceptionn.bench.codec import bucket_scale_exponents
+def test_scale_exponents_and_the_benchmarks_scaled_copy():
     rng = np.random.default_rng(3)
     x = (rng.standard_normal(5 * 1000 + 7) * 0.003).astype(np.float32)
     x[1000:2000] = 0.0                        # an all-zero bucket
@@ -170,9 +168,8 @@ def test_scale_exponents_match_the_benchmark():
     x[3000:4000] *= 1e6                       # values far above 1
     for workers in (1, 2, 3, 4, 7):
         e = sc.exponents(sc.bucket_maxima(x, 1000), workers)
-        assert np.array_equal(e, bucket_scale_exponents(x, workers, 1000))
-        y = x.copy()
-        sc.apply(y, e, 1000)
+        y, e_copy = sc.scaled_copy(x, workers, 1000)    # what the benchmarks compare codecs on
+        assert np.array_equal(e, e_copy)
         assert (workers * np.abs(y) < 1.0).all()
         m = sc.bucket_maxima(y, 1000)
         assert ((workers * m >= 0.5) | (m == 0)).all()   # the largest such power of two
@@ -361,6 +358,64 @@ def test_app_codec_with_agreement_hooks():
     assert res[0][2][0][1] == shared
     assert np.abs(res[0][0] - exact).max() <= world * step
     assert np.abs(res[0][1] - exact).max() <= world * step
+
+
+class Float16Codec(Codec):
+    """A test codec outside the registry, with no traits: float16 values. Records what it was
+    given to encode, so a test sees how the collective treated it."""
+
+    name = "float16test"
+
+    def __init__(self):
+        self.sizes, self.peaks = [], []
+
+    def encode(self, x):
+        self.sizes.append(x.size)
+        self.peaks.append(float(np.abs(x).max()) if x.size else 0.0)
+        return x.astype(np.float16).tobytes()
+
+    def decode_into(self, blob, out):
+        out[:] = np.frombuffer(bytes(blob), dtype=np.float16)
+        return out
+
+
+class EagerFloat16Codec(Float16Codec):
+    """The same codec saying it is per-value and wants scaling and error feedback."""
+
+    name = "eagerfloat16test"
+    per_value = wants_scaling = wants_error_feedback = True
+
+
+def _traits_run(g, rank, cls, n):
+    c = cls()
+    g.allreduce(data(rank, n), compress="app", codec=c)
+    return max(c.sizes), min(p for p in c.peaks if p), g.error_feedback.residual(("allreduce", n)) is not None
+
+
+def test_the_collective_follows_the_codecs_traits_not_its_name():
+    world, n, chunk = 2, 10_000, 1024
+    plain = run_ranks(world, _traits_run, Float16Codec, n, group_kw=dict(chunk_bytes=4 * chunk))
+    eager = run_ranks(world, _traits_run, EagerFloat16Codec, n, group_kw=dict(chunk_bytes=4 * chunk))
+    peak = max(float(np.abs(data(r, n)).max()) for r in range(world))
+    for size, low_peak, has_residual in plain:
+        assert size == n // world                    # one whole ring block per encode
+        assert low_peak < 2 * peak < 0.1             # unscaled (a partial sum of two at most)
+        assert not has_residual                      # no error feedback
+    for size, low_peak, has_residual in eager:
+        assert size <= chunk                         # cut into pipeline chunks
+        assert low_peak >= 0.25 / world              # scaled: world * max * 2^s in [0.5, 1)
+        assert has_residual                          # error feedback on by default
+
+
+def test_codecs_describe_themselves():
+    traits = {name: get_codec(name).traits() for name in available_codecs()}
+    assert all(set(t) == set(Codec.TRAITS) for t in traits.values())
+    assert [n for n, t in traits.items() if t["per_value"]] == ["inceptionn"]
+    assert traits["inceptionn"]["wants_scaling"] and traits["inceptionn"]["thread_safe"]
+    assert sorted(n for n, t in traits.items() if t["wants_error_feedback"]) == ["3lc", "inceptionn", "thc"]
+    assert not get_codec("thc", error_feedback=False).traits()["wants_error_feedback"]
+    assert traits["thc"]["needs_agreement"] and not traits["terngrad"]["needs_agreement"]
+    assert get_codec("terngrad", share_scaler=True).traits()["needs_agreement"]
 
 
 def _registered(g, rank, name, n):

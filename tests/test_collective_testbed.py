@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest_testbed import needs_root, no_leaks, tb_name  # noqa: F401  (fixtures are used by name)
+from netns_helpers import needs_root
+from proc_helpers import wait_all
 from test_collective import ring_expected, same_bits, wa_expected
 
 PEER = str(Path(__file__).resolve().parent / "collective_peer.py")
@@ -55,16 +56,7 @@ def run_job(tb, tmp_path, n, error_bound=-10, phases="raw,app,nic,wa", nicd_on=N
             if socks[r]:
                 argv += ["--nicd-socket", socks[r]]
             procs.append(h.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        logs = []
-        try:
-            for p in procs:
-                logs.append(p.communicate(timeout=timeout)[0])
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+        wait_all(procs, timeout)
         final = [read_stats(s) if s else None for s in socks]   # through `inceptionn stats --json`
     results = [np.load(tmp_path / f"rank{r}.npz") for r in range(world)]
     info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]

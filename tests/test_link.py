@@ -7,9 +7,8 @@ import subprocess
 
 import pytest
 
-from conftest_testbed import (  # noqa: F401  (fixtures are used by name)
-    assert_one_line_error, needs_root, no_leaks, run_cli, veth_ns,
-)
+from cli_helpers import assert_one_line_error, run_cli
+from netns_helpers import needs_root
 from inceptionn.errors import UserError
 from inceptionn.kernel_tc import link, lossrules
 from inceptionn.kernel_tc.units import (

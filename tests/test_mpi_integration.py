@@ -26,7 +26,7 @@ def mpi_job(outdir: str) -> None:
     from mpi4py import MPI
 
     import inceptionn.mpi as im
-    from inceptionn.shim.collective import Group
+    from inceptionn.collective import Group
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

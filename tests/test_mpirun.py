@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest_testbed import CLI, assert_one_line_error, no_leaks, run_cli, tb_name  # noqa: F401
+from cli_helpers import CLI, assert_one_line_error, run_cli
 from inceptionn.cli import main
 from inceptionn.daemon.stats import read as read_stats
 from inceptionn.kernel_tc import testbed

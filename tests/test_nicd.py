@@ -229,20 +229,6 @@ def rule_counts(host, name, table="raw") -> tuple[int, int]:
     raise AssertionError(f"no rule nt-{name} in {host.name}: {r.stdout}")
 
 
-# --- data --------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def grads() -> np.ndarray:
-    """Real gradients (~9.4 MB of float32), scaled as in the manual run."""
-    from inceptionn.train.gradients import gradient_sample
-    return (gradient_sample(3) * np.float32(16)).astype(np.float32)
-
-
-@pytest.fixture(scope="session")
-def small(grads) -> np.ndarray:
-    return np.ascontiguousarray(grads[: 512 * 1024])  # 2 MiB
-
-
 # --- 1. compression, several error bounds ------------------------------------------------------
 
 @pytest.mark.parametrize("k", [-6, -8, -10, -12])

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from test_nicd import (INC, Transfer, assert_words_equal, counters, grads,  # noqa: F401 (grads: a fixture)
-                       iptables_save, make_testbed, recon, running_nicd)
+from test_nicd import (INC, Transfer, assert_words_equal, counters, iptables_save, make_testbed, recon,
+                       running_nicd)
 from test_systemd_unit import as_written, unit_commands
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")

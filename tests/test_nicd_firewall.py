@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from test_nicd import (INC, PY, assert_words_equal, grads, iptables_save, make_testbed,  # noqa: F401
-                       recon, running_nicd, small, transfer)  # grads, small: fixtures
+from test_nicd import (INC, PY, assert_words_equal, iptables_save, make_testbed, recon, running_nicd,
+                       transfer)
 from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted, raw_prerouting
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")

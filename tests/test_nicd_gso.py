@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import test_nicd
-from test_nicd import (INC, add_counting_rule, assert_words_equal, grads, make_testbed, recon, rule_counts,  # noqa: F401
-                       running_nicd, small, transfer)
+from test_nicd import (INC, add_counting_rule, assert_words_equal, make_testbed, recon, rule_counts,
+                       running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 

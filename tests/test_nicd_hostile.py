@@ -15,8 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from test_nicd import (PEER, PY, Transfer, grads, make_testbed, recon, running_nicd,  # noqa: F401
-                       small)
+from test_nicd import PEER, PY, Transfer, make_testbed, recon, running_nicd
 
 from inceptionn.daemon._datapath import ffi, lib
 

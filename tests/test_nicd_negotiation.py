@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 import pytest
-from test_nicd import (PEER, PY, Transfer, add_counting_rule, assert_words_equal, grads, make_testbed,  # noqa: F401
-                       recon, rule_counts, running_nicd, small, transfer)
+from test_nicd import (PEER, PY, Transfer, add_counting_rule, assert_words_equal, make_testbed, recon,
+                       rule_counts, running_nicd, transfer)
 
 from inceptionn.daemon._datapath import ffi, lib
 

@@ -24,7 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest_testbed import CLI, SESSION_TAG, assert_one_line_error, run_cli
+from cli_helpers import CLI, assert_one_line_error, run_cli
+from netns_helpers import SESSION_TAG
 from inceptionn.cli import main
 from inceptionn.kernel_tc import netns as ns
 from inceptionn.shim.policy import PolicyError, parse_policy

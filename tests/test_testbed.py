@@ -10,10 +10,8 @@ import sys
 
 import pytest
 
-from conftest_testbed import (  # noqa: F401  (fixtures are used by name)
-    iperf3, needs_root, no_leaks, ping_loss, received_bps, run_cli, assert_one_line_error, summary_bps,
-    tb_name,
-)
+from cli_helpers import assert_one_line_error, run_cli
+from netns_helpers import iperf3, needs_root, ping_loss, received_bps, summary_bps
 from inceptionn.errors import UserError
 from inceptionn.kernel_tc import link, lossrules
 from inceptionn.kernel_tc import netns as ns

@@ -11,11 +11,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import numpy as np
 import pytest
+
+from proc_helpers import wait_all
 
 # checked without importing torch here: only the job's processes need it
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
@@ -51,8 +52,8 @@ def ddp_job(rank: int, world: int, init_file: str, outdir: str, store_port: int)
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.torch_hook import RingHookState, register_ring_hook, ring_hook
+    from inceptionn.collective import Group
+    from inceptionn.collective.torch_hook import RingHookState, register_ring_hook, ring_hook
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -128,17 +129,7 @@ def test_ddp_with_the_ring_hook(tmp_path):
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(WORLD), str(tmp_path / "init"), str(tmp_path), port],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for r in range(WORLD)]
-    logs = []
-    deadline = time.monotonic() + 420   # three torch imports on a loaded 2-core box take a while
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    wait_all(procs, 420)   # three torch imports on a loaded 2-core box take a while
     res = [np.load(tmp_path / f"rank{r}.npz", allow_pickle=True) for r in range(WORLD)]
     ref = res[0]["ref"]
     for r in res:

@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest_testbed import CLI, assert_one_line_error, needs_root, no_leaks, run_cli, tb_name  # noqa: F401
+from cli_helpers import CLI, assert_one_line_error, run_cli
+from netns_helpers import needs_root
 from inceptionn.errors import UserError
 from inceptionn.kernel_tc import netns as ns
 from inceptionn.train import worker

@@ -37,16 +37,10 @@ from typing import Callable
 
 from ..errors import UserError
 from ..limits import error_bound_problem
+from ..procs import cpu_seconds, stop
+from .worker import Diverged
 
 ALGOS = ("wa", "inc")
-
-
-class Diverged(UserError):
-    """A worker's loss went non-finite (the run is over; a benchmark records it and goes on)."""
-
-    def __init__(self, message: str, cfg: "TrainConfig | None" = None):
-        super().__init__(message)
-        self.cfg = cfg
 STALL_SECONDS = 300.0   # no word from any worker for this long: the run is declared stuck
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "PYTHONUNBUFFERED": "1"}
@@ -211,7 +205,7 @@ class TrainingTestbed:
     def close(self) -> None:
         with no_interrupts():
             for p in self._procs:
-                _stop(p, 3.0)
+                stop(p, 3.0)
             self._procs = []
             self.progress(f"testbed {self.testbed.name}: tearing down")
             self.testbed.down()
@@ -240,7 +234,7 @@ class TrainingTestbed:
                     sock = os.path.join(rundir, f"{h.name}.sock")
                     daemons.append((h, sock, stack.enter_context(
                         nicd(h, sock, cfg.error_bound, new_session=True))))
-            nic_cpu0 = [_cpu_seconds(p.pid) for _, _, p in daemons]
+            nic_cpu0 = [cpu_seconds(p.pid) for _, _, p in daemons]
             if_before = [_link_counters(h) for h in hosts]
             procs = [self._start_worker(cfg, rank, h, rundir) for rank, h in enumerate(hosts)]
             stack.callback(self._stop_workers, procs)
@@ -248,7 +242,7 @@ class TrainingTestbed:
             wall = time.monotonic() - started
             if_after = [_link_counters(h) for h in hosts]
             nic = [read_stats(sock) for _, sock, _ in daemons]
-            nic_cpu = [_cpu_seconds(p.pid) - c for (_, _, p), c in zip(daemons, nic_cpu0)]
+            nic_cpu = [cpu_seconds(p.pid) - c for (_, _, p), c in zip(daemons, nic_cpu0)]
         return self._result(cfg, done, if_before, if_after, nic, nic_cpu, wall)
 
     def _start_worker(self, cfg: TrainConfig, rank: int, host, rundir: str) -> subprocess.Popen:
@@ -266,7 +260,7 @@ class TrainingTestbed:
 
     def _stop_workers(self, procs) -> None:
         for p in procs:
-            _stop(p, 3.0)
+            stop(p, 3.0)
             if p in self._procs:
                 self._procs.remove(p)
 
@@ -373,20 +367,6 @@ def _app_sent(stats: dict) -> int:
     if isinstance(sent, (int, float)):
         return int(sent)
     return 0
-
-
-def _stop(p: subprocess.Popen, timeout: float) -> None:
-    from ..daemon.launch import stop  # terminate, then kill after the timeout
-    stop(p, timeout)
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _link_counters(host) -> dict:

@@ -32,7 +32,13 @@ EXIT_USER_ERROR = 2
 
 
 class Diverged(UserError):
-    """A non-finite loss: the launcher tells it apart from other errors (benchmarks go on)."""
+    """A non-finite loss. A worker raises it and reports it as such; the launcher (job.py)
+    raises it again for the run, with the run's config in ``cfg``, and tells it apart from
+    other errors (a benchmark records it and goes on)."""
+
+    def __init__(self, message: str, cfg=None):
+        super().__init__(message)
+        self.cfg = cfg
 
 
 def emit(event: str, **fields) -> None:
@@ -67,19 +73,17 @@ def make_codec(cfg: dict):
     compress = cfg["compress"]
     if compress == "none":
         return None, None
-    from inceptionn.codecs import get_codec
+    from inceptionn.codecs import applicable, get_codec
 
     if compress == "nic":
         return "nic", get_codec("inceptionn", error_bound=cfg["error_bound"])
-    params = {"error_bound": cfg["error_bound"]} if compress == "inceptionn" else {}
-    return "app", get_codec(compress, **params)
+    return "app", get_codec(compress, **applicable(compress, error_bound=cfg["error_bound"]))
 
 
 def make_group(cfg: dict, mode, codec):
     """This rank's collective group; the ranks meet through a FileStore in a directory every
     testbed host sees (they share the machine's filesystem)."""
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.rendezvous import FileStore
+    from inceptionn.collective import FileStore, Group
 
     store = FileStore(cfg["store"], timeout=cfg.get("rendezvous_timeout", 120.0))
     return Group(cfg["rank"], cfg["world"], store, bind_addr=cfg["bind_addr"], tag=mode == "nic",

@@ -312,7 +312,7 @@ def connect(endpoint: str, *, bind_addr: str | None, token: int, rank: int, peer
         sock = socket.socket(_family(host), socket.SOCK_STREAM)
         try:
             if kind.tagged:
-                from .tagging import tag_socket
+                from ..shim.tagging import tag_socket
                 tag_socket(sock, tos)
             if bind_addr and bind_addr not in ("0.0.0.0", "::"):
                 sock.bind((bind_addr, 0))   # source address on the chosen interface

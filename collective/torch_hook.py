@@ -3,8 +3,8 @@ sockets tagged for the soft NIC, instead of by the process group's allreduce.
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from inceptionn.shim.collective import Group
-    from inceptionn.shim.torch_hook import RingHookState, ring_hook
+    from inceptionn.collective import Group
+    from inceptionn.collective.torch_hook import RingHookState, ring_hook
 
     dist.init_process_group("gloo", ...)            # DDP's own setup (parameter broadcast) stays on gloo
     group = Group.from_torch(bind_addr=my_ip)        # rendezvous through the process group
@@ -31,7 +31,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from .collective import Group
+from .group import Group
 
 __all__ = ["RingHookState", "ring_hook", "register_ring_hook"]
 

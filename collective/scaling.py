@@ -1,4 +1,4 @@
-"""Exact power-of-two gradient scaling per bucket, and the INCEPTIONN reconstruction the ring uses.
+"""Exact power-of-two gradient scaling per bucket.
 
 The INCEPTIONN codec keeps *absolute* precision (16BIT: 2^-15, 8BIT: 2^-7) and zeroes values
 below 2^-7 for the usual error bounds (docs/spec.md section 1), while real gradients mostly sit below
@@ -9,15 +9,8 @@ is multiplied by ``2^s``, one exponent per bucket agreed by all workers: the lar
 partial sums cross the wire; 1 for WA, where only single gradients do). Sums then stay below 1.0,
 in the compressed tiers. Multiplying by a power of two is exact (unless a value leaves the
 normal float range), so unscaling gives back exactly what a sum of unscaled values would.
-
-``nic_reconstruct(codec, x)`` is what a receiving soft NIC delivers for ``x`` (the codec's
-deterministic per-value round trip) with ``-0.0`` turned into ``+0.0``. With that one fix the
-INCEPTIONN round trip is idempotent (``rt(rt(x)) == rt(x)`` bit for bit, tested): a value
-already reconstructed arrives identical whether the NIC compresses its packet or sends it raw.
 """
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -52,17 +45,10 @@ def apply(x: np.ndarray, exps: np.ndarray, bucket: int = BUCKET_VALUES, *, inver
             x[b * bucket:(b + 1) * bucket] *= np.float32(2.0 ** (-s if inverse else s))
 
 
-_scratch = threading.local()   # per thread: the ring's two threads reconstruct concurrently
-
-
-def nic_reconstruct(codec, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """What the receiving soft NIC decodes for ``x``, with +0.0 for every zero (idempotent form).
-    One C pass for the INCEPTIONN codec (``reconstruct``); encode + decode for any other."""
-    if hasattr(codec, "reconstruct"):
-        return codec.reconstruct(x, out)
-    y = codec.roundtrip(x)
-    y += np.float32(0.0)          # -0.0 + 0.0 = +0.0; every other value unchanged
-    if out is not None:
-        out[:] = y
-        return out
-    return y
+def scaled_copy(x: np.ndarray, headroom: int, bucket: int = BUCKET_VALUES) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as one rank alone would scale it for ``headroom`` values per sum, and the exponents
+    (what the benchmarks compare the codecs on; a Group agrees the maxima over ranks first)."""
+    exps = exponents(bucket_maxima(x, bucket), headroom)
+    y = np.array(x, dtype=np.float32, copy=True)
+    apply(y, exps, bucket)
+    return y, exps

@@ -1,25 +1,21 @@
-"""Fixtures and helpers shared by the link and testbed tests (real kernel, root only).
+"""Helpers of the tests that build network namespaces (real kernel, root only): the skip
+marker, the leak snapshot that conftest.py's fixtures compare, and iperf3/ping measurements.
 
-Imported explicitly by test_link.py and test_testbed.py. Every namespace the tests create is
-named with SESSION_TAG, so leak checks only look at our own objects even when another test
-run shares the machine.
+Every namespace the tests create is named with SESSION_TAG, so leak checks only look at our own
+objects even when another test run shares the machine.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from inceptionn.kernel_tc import netns as ns
 
-CLI = str(Path(sys.executable).with_name("inceptionn"))
 # short and unique per run: testbed names end up in namespace names
 SESSION_TAG = f"t{os.getpid() % 100000}"
 
@@ -27,22 +23,6 @@ needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "iptables", "iperf3", "ping")),
     reason="needs root and ip, iptables, iperf3, ping (real network namespaces)",
 )
-
-
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run the installed `inceptionn` console script, as a user would."""
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("inceptionn: error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 # --- leak checks -------------------------------------------------------------------------------
@@ -69,52 +49,6 @@ def snapshot() -> dict:
         "root_qdiscs": _root_qdiscs(),
         "root_rules": _root_inceptionn_rules(),
     }
-
-
-@pytest.fixture
-def no_leaks():
-    """Assert the test left no namespace, root link, root qdisc or iptables rule behind."""
-    before = snapshot()
-    yield
-    after = snapshot()
-    assert after["netns"] == [], f"namespaces left behind: {after['netns']}"
-    assert after["root_links"] == before["root_links"], "links appeared/vanished in the root namespace"
-    assert after["root_qdiscs"] == before["root_qdiscs"], "root namespace qdiscs changed"
-    assert after["root_rules"] == before["root_rules"], "iptables rules changed in the root namespace"
-
-
-_names = itertools.count(1)
-
-
-@pytest.fixture
-def tb_name(no_leaks):
-    """A testbed name unique to this run and test; its namespaces are removed even on failure,
-    and then no_leaks (set up first, so checked last) asserts nothing is left."""
-    from inceptionn.kernel_tc.testbed import teardown
-    name = f"{SESSION_TAG}_{next(_names)}"
-    teardown(name)
-    try:
-        yield name
-    finally:
-        teardown(name)
-
-
-@pytest.fixture
-def veth_ns(no_leaks):
-    """A namespace holding a veth pair (va <-> vb), for shaping without touching real NICs;
-    removed even on failure, then checked for leaks."""
-    name = f"inc-{SESSION_TAG}-link"
-    if ns.exists(name):
-        ns.delete(name)
-    ns.create(name)
-    try:
-        with ns.ipr(name) as ipr:
-            ipr.link("add", ifname="va", kind="veth", peer="vb")
-            for ifname in ("lo", "va", "vb"):
-                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], state="up")
-        yield name
-    finally:
-        ns.delete(name)
 
 
 # --- measuring --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
     avg = inceptionn.mpi.allreduce_comp(g, comm=sub, average=True)  # any intracommunicator
     inceptionn.mpi.allreduce_comp(g, g)                             # in place (recvbuf = sendbuf)
 
-The first call on a communicator builds a ``Group`` (shim/collective.py) for it: endpoints are
+The first call on a communicator builds a ``Group`` (collective/group.py) for it: endpoints are
 exchanged with ``comm.allgather``, then the ring runs over its own TCP sockets, the gradient ones
 tagged ToS 0x28 so the soft NIC compresses them (MPI itself only carries the rendezvous). The
 group is cached on the communicator as an MPI attribute and closed when the communicator is
@@ -28,7 +28,7 @@ import atexit
 
 import numpy as np
 
-from .collective import Group
+from .group import Group
 
 __all__ = ["allreduce_comp", "init", "group_for", "close"]
 

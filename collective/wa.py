@@ -16,14 +16,15 @@ followed by the values, to all workers in parallel.
 """
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
 
 import numpy as np
 
-from .ring import Timers, chunk_list
-from .scaling import nic_reconstruct
+from .ring import chunk_list
+from .stats import Timers
 from .transport import Conn
 
 WEIGHTS_HDR = struct.Struct("<Q")
@@ -39,7 +40,7 @@ def worker_send(work: np.ndarray, conn: Conn, *, chunk_values: int, mode: str, c
             conn.send(chunk)
         elif mode == "nic":
             t = time.perf_counter()
-            q = nic_reconstruct(codec, chunk)    # a fixed point: arrives as q, compressed or not
+            q = codec.reconstruct(chunk)    # a fixed point: arrives as q, compressed or not
             timers.add("codec", time.perf_counter() - t)
             if sink is not None:
                 sink.record(a, b, chunk, q)
@@ -72,7 +73,7 @@ def aggregate(own: np.ndarray | None, conns: dict[int, Conn], n: int, *, chunk_v
     cond = threading.Condition()
     done = dict.fromkeys(conns, 0)
     errors: list[BaseException] = []
-    lock = threading.Lock()   # codecs other than inceptionn are not promised to be thread-safe
+    lock = contextlib.nullcontext() if codec is None or codec.thread_safe else threading.Lock()
 
     def receiver(r: int, conn: Conn):
         try:

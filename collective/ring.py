@@ -17,8 +17,8 @@ Three modes, one schedule:
 - ``nic``: float32 on a *tagged* socket, so the soft NICs compress both phases. A tagged packet
   arrives as the codec's reconstruction, or exactly when the NIC sent it raw (not smaller, flow
   not negotiated, a float split across segments, no daemon at all). So the sender puts
-  ``Q = nic_reconstruct(P)`` on the wire instead of its partial sum P (phase 1), and the owner
-  replaces its reduced block R by ``nic_reconstruct(R)`` before keeping and sending it (phase 2).
+  ``Q = codec.reconstruct(P)`` on the wire instead of its partial sum P (phase 1), and the owner
+  replaces its reduced block R by ``codec.reconstruct(R)`` before keeping and sending it (phase 2).
   Q is a fixed point of the reconstruction, so it arrives as Q either way: every rank ends
   bit-identical, error feedback knows exactly what each receiver got, and the result does not
   depend on whether (or how much of) the traffic the NICs compressed, only the time does.
@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from .scaling import nic_reconstruct
+from .stats import Timers
 from .transport import Conn
 
 MODES = ("raw", "nic", "app")
@@ -51,19 +51,6 @@ def block_bounds(n: int, world: int) -> list[tuple[int, int]]:
 
 def chunk_list(a: int, b: int, chunk: int) -> list[tuple[int, int]]:
     return [(i, min(i + chunk, b)) for i in range(a, b, chunk)]
-
-
-class Timers:
-    """CPU seconds spent summing and in the codec, from any thread."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.sum = 0.0
-        self.codec = 0.0
-
-    def add(self, what: str, seconds: float) -> None:
-        with self._lock:
-            setattr(self, what, getattr(self, what) + seconds)
 
 
 class _Progress:
@@ -108,7 +95,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     recvs = [(s, a, b) for s in range(steps) for a, b in chunk_list(*bounds[(rank - s - 1) % world], chunk_values)]
     first = len(chunk_list(*bounds[rank % world], chunk_values))   # chunks sent at step 0
     blobs: dict[int, bytes] = {}                                     # app mode: recv item -> blob to forward
-    lock = contextlib.nullcontext() if getattr(codec, "name", "") == "inceptionn" else threading.Lock()
+    lock = contextlib.nullcontext() if codec is None or codec.thread_safe else threading.Lock()
     limit = frame_limit or (8 * 4 * min(chunk_values, max(n, 1)) + 65536)
     prog = _Progress()
 
@@ -129,7 +116,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                     if mode == "raw":
                         send.send(chunk)
                     elif mode == "nic":
-                        q = timed("codec", nic_reconstruct, codec, chunk)
+                        q = timed("codec", codec.reconstruct, chunk)
                         if sink is not None:
                             sink.record(a, b, chunk, q)
                         send.send(q)                     # a fixed point: arrives as q, compressed or not
@@ -167,7 +154,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                 timed("sum", np.add, dst, part, dst)
                 if s == world - 2:                       # the block this rank owns is complete
                     if mode == "nic":
-                        q = timed("codec", nic_reconstruct, codec, dst)
+                        q = timed("codec", codec.reconstruct, dst)
                         if sink is not None:
                             sink.record(a, b, dst, q)
                         dst[:] = q
