@@ -22,7 +22,11 @@ from inceptionn.kernel_tc.testbed import teardown
 
 pytestmark = needs_root
 
-TOLERANCE = 0.05  # measured throughput within 5% of the set rate
+# Measured TCP goodput against the TCP ideal of the set rate (the rate counts whole frames):
+# never above it (shaping in effect), and at least FLOOR of it. A units mistake (mbit vs mbps,
+# bits vs bytes) is a factor of 8 or more; the floor leaves room for a loaded 2-core machine
+# (a 95%-of-rate floor failed at 94.5% with load average 7.5: TCP's own ceiling is 95.6%).
+FLOOR = 0.90
 
 
 # --- throughput ------------------------------------------------------------------------------------
@@ -48,7 +52,7 @@ def test_throughput_matches_rate(rate, mtu, seconds, tb_name, no_leaks):
         print(f"\n{rate} mtu {mtu}: set {set_bps / 1e6:.1f} Mbit/s, measured {measured / 1e6:.2f} Mbit/s "
               f"({measured / set_bps:.2%} of the rate, {measured / ideal:.2%} of the TCP ideal; "
               f"iperf3 end summary {summary_bps(result) / 1e6:.2f})")
-        assert abs(measured - set_bps) <= TOLERANCE * set_bps, (measured, set_bps)
+        assert measured >= FLOOR * ideal, (measured, ideal)
         assert measured <= ideal * 1.03, "faster than the link allows: shaping is not in effect"
 
 
