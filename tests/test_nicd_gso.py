@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -323,3 +324,99 @@ def test_gso_through_conntrack_invalid_drops(tmp_path, small):
     assert_words_equal(got, recon(small, -10).tobytes(), "gso through an INVALID-drop firewall")
     assert c1["gso_super_packets"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
     assert invalid == [0, 0, 0], f"conntrack found INVALID packets: {invalid}"
+
+
+# --- a retransmission cut differently from what was lost -----------------------------------------
+
+# Records every compressed packet (DSCP 11) from SRC seen on IFACE, before netfilter: "seq covered"
+# per line, covered = the original bytes it restores to (head + 4 n + tail of its shim header).
+SNIFF = r"""
+import socket, struct, sys
+iface, src, out = sys.argv[1], socket.inet_aton(sys.argv[2]), sys.argv[3]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind((iface, 0))
+s.settimeout(0.2)
+print("ready", flush=True)
+with open(out, "w") as f:
+    while True:
+        try:
+            b = s.recv(70000)
+        except socket.timeout:
+            continue
+        ip = b[14:]
+        if len(ip) < 40 or ip[9] != 6 or ip[12:16] != src or ip[1] >> 2 != 11:
+            continue
+        ihl = (ip[0] & 15) * 4
+        seq = struct.unpack("!I", ip[ihl + 4:ihl + 8])[0]
+        c = ip[ihl + (ip[ihl + 12] >> 4) * 4:]
+        if len(c) >= 10:
+            f.write(f"{seq} {(c[2] & 3) + 4 * (c[4] | c[5] << 8) + (c[2] >> 2 & 3)} {len(ip)}\n")
+            f.flush()
+"""
+
+
+def test_gso_retransmission_cut_differently_arrives_exact(tmp_path, small):
+    """A burst of compressed packets is lost (dropped on the receiver's wire side once the sender
+    resumes after 1 MiB), and before their retransmission the route's MTU falls from 1500 to 1001
+    (MSS 949, not a multiple of 4): TCP retransmits the lost range in other pieces (one MSS after
+    the timeout, then super-packets of the new segment size), so the compressed packets of the
+    retransmission cover other byte ranges than the lost ones, some starting inside a float, and
+    they must fit the new path MTU. Captured on the receiver's wire (before netfilter): some
+    retransmitted packet overlaps a lost one without covering the same range. The stream arrives
+    as the codec's roundtrip, except floats that a cut split, which travel raw (the original)."""
+    from test_nicd import Transfer
+    x = small
+    pause = 1 << 20
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        cap = tmp_path / "capture.txt"
+        sniff = h2.popen([test_nicd.PY, "-c", SNIFF, h2.ifname, h1.ip, str(cap)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert sniff.stdout.readline().strip() == "ready"
+            with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+                t = Transfer(h1, h2, x.tobytes(), tmp_path, pause_at=pause)
+                try:
+                    t.wait_paused()
+                    t.wait_received(pause)
+                    drop = ["PREROUTING", "-i", h2.ifname, "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11",
+                            "-m", "comment", "--comment", "nt-burst", "-j", "DROP"]
+                    h2.run(["iptables", "-w", "5", "-t", "raw", "-I", *drop], check=True)
+                    t.go.touch()
+                    deadline = time.monotonic() + 10
+                    while rule_counts(h2, "burst")[0] == 0:
+                        assert time.monotonic() < deadline, "the sender sent nothing after the pause"
+                        time.sleep(0.01)
+                    time.sleep(0.3)  # the burst, and its first retransmission after the timeout, lost
+                    h1.run(["ip", "route", "add", f"{h2.ip}/32", "dev", h1.ifname, "mtu", "1001"], check=True)
+                    time.sleep(0.05)
+                    before_change = len(cap.read_text().splitlines())
+                    h2.run(["iptables", "-w", "5", "-t", "raw", "-D", *drop], check=True)
+                    got = t.finish()
+                finally:
+                    t.close()
+                c1, c2 = d1.counters(), d2.counters()
+        finally:
+            sniff.terminate()
+            sniff.wait()
+    seen = [tuple(map(int, line.split())) for line in cap.read_text().splitlines()]
+    isn = seen[0][0]  # stream offsets: the first compressed packet starts the stream
+    ranges = [((seq - isn) & 0xFFFFFFFF, (seq - isn + cov) & 0xFFFFFFFF) for seq, cov, _ in seen]
+    earlier, recut = set(), []
+    for start, end in ranges:
+        if (start, end) not in earlier and any(s < end and start < e for s, e in earlier):
+            recut.append((start, end))
+        earlier.add((start, end))
+    assert recut, f"no retransmission covered another range than what it resent ({len(ranges)} packets)"
+    assert any(s % 4 for s, _ in recut), f"no retransmitted packet started inside a float: {recut[:10]}"
+    after = [iplen for _, _, iplen in seen[before_change:]]
+    assert after and max(after) <= 1001, f"compressed packets over the new path MTU: {max(after)} bytes"
+    assert c1["gso_send_errors"] == 0, c1
+    assert c1["gso_super_packets"] > 0
+    assert all(c2[k] == 0 for k in DROPS), c2
+    g = np.frombuffer(got, np.uint32)
+    assert g.size == x.size
+    w, o = recon(x, -10).view(np.uint32), x.view(np.uint32)
+    differ = np.flatnonzero(g != w)
+    assert (g[differ] == o[differ]).all(), \
+        f"{(g[differ] != o[differ]).sum()} values are neither the reconstruction nor the original"
+    assert differ.size <= sum(1 for s, e in ranges if s % 4 or e % 4), differ.size
