@@ -420,3 +420,43 @@ def test_gso_retransmission_cut_differently_arrives_exact(tmp_path, small):
     assert (g[differ] == o[differ]).all(), \
         f"{(g[differ] != o[differ]).sum()} values are neither the reconstruction nor the original"
     assert differ.size <= sum(1 for s, e in ranges if s % 4 or e % 4), differ.size
+
+
+class NicdWithoutRaw(test_nicd.Nicd):
+    """nicd started without CAP_NET_RAW (capsh drops it from the bounding set first)."""
+
+    def __init__(self, host, tmp_path, extra, tag=""):
+        import shlex
+        self.host = host
+        self.sock = tmp_path / f"{host.name}{tag}.sock"
+        self.log = tmp_path / f"{host.name}{tag}.log"
+        self.logf = open(self.log, "ab")
+        argv = [INC, "nicd", "-i", host.ifname, "--socket", str(self.sock), *extra]
+        self.proc = host.popen(["capsh", "--drop=cap_net_raw", "--", "-c", "exec " + shlex.join(argv)],
+                               stdout=self.logf, stderr=self.logf)
+
+
+def test_gso_auto_falls_back_per_packet_without_cap_net_raw(tmp_path, small):
+    """gso = "auto": the sender without CAP_NET_RAW says so in one warning line and compresses
+    packet by packet; the receiver, with it, runs gso; the stream arrives as the codec's roundtrip
+    (gso may differ between the ends)."""
+    conf = tmp_path / "auto.toml"
+    conf.write_text('gso = "auto"\n')
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        d1 = NicdWithoutRaw(h1, tmp_path, ["--config", str(conf)], "auto")
+        try:
+            d1.wait_ready()
+            with running_nicd(h2, tmp_path, "--config", conf, tag="auto") as d2:
+                got = transfer(h1, h2, small.tobytes(), tmp_path)
+                s1, s2 = test_nicd.stats(d1.sock), test_nicd.stats(d2.sock)
+        finally:
+            d1.terminate()
+    assert_words_equal(got, recon(small, -10).tobytes(), "gso auto, sender without CAP_NET_RAW")
+    warned = [line for line in d1.log_text().splitlines() if "WARNING" in line or "raw IP socket" in line]
+    assert len(warned) == 1 and "WARNING: gso: cannot open a raw IP socket" in warned[0], warned
+    assert not [line for line in (tmp_path / f"{h2.name}auto.log").read_text().splitlines() if "raw IP socket" in line]
+    assert s1["config"]["gso"] is False and s2["config"]["gso"] is True
+    c1 = s1["counters"]
+    assert c1["gso_super_packets"] == 0 and c1["egress_compressed"] > small.nbytes / 1448 / 2
+    assert s2["counters"]["ingress_restored"] == c1["egress_compressed"]
