@@ -234,13 +234,15 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
  * MTU, lowered to the route's (a route `mtu`, or a path MTU learned from ICMP: what TCP cuts its
  * segments to). A compressed packet sized to the interface alone would not pass a smaller path
  * MTU: the raw socket refuses it (EMSGSIZE, DF is set), and the flow would only crawl on through
- * its one-MSS retransmissions. Cached per thread for a second; 0 if unknown. */
-static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr)
+ * its one-MSS retransmissions. Cached per thread for a second (fresh: looked up now); 0 if
+ * unknown. */
+static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int fresh)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     struct path_mtu *e = &cx->mtus[(daddr ^ (daddr >> 16) ^ ifindex) % MTU_CACHE];
-    if (e->daddr == daddr && e->ifindex == ifindex && e->checked == (uint32_t)ts.tv_sec && e->checked)
+    if (!fresh && e->daddr == daddr && e->ifindex == ifindex && e->checked == (uint32_t)ts.tv_sec &&
+        e->checked)
         return e->mtu;
     struct ifreq ifr = {0};
     size_t mtu = 0;
@@ -263,8 +265,10 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr)
 /* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
  * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
  * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
- * the tagged mark. One the kernel does not take is counted and lost: TCP retransmits its range. */
-static void send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
+ * the tagged mark. One the kernel does not take is lost: TCP retransmits its range. Returns how
+ * many were refused for their size (EMSGSIZE: the path MTU fell since it was cached), which the
+ * caller counts or sends again; other refusals are counted here. */
+static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
 {
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
     union {
@@ -285,15 +289,31 @@ static void send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int 
             mm[i].msg_hdr.msg_control = ctl.b, mm[i].msg_hdr.msg_controllen = sizeof ctl.b;
         at += cx->seg_len[i];
     }
-    int sent = 0;
+    int sent = 0, too_big = 0;
     while (sent < nsegs) {
         int r = sendmmsg(cx->raw_fd, mm + sent, (unsigned)(nsegs - sent), 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
-            r = 1, cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
+        if (r <= 0) { /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
+            if (r < 0 && errno == EMSGSIZE)
+                too_big++;
+            else
+                cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
+            r = 1;
+        }
         sent += r;
     }
+    return too_big;
+}
+
+/* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
+static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn, size_t mtu, int *nsegs,
+                         uint64_t *tiers)
+{
+    *nsegs = 0;
+    return nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
+                             (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), mtu, cx->segs, sizeof cx->segs,
+                             cx->seg_len, nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream, sizeof cx->stream, tiers);
 }
 
 /* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
@@ -303,11 +323,8 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
                       size_t mtu, uint32_t ifindex, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
-    int nsegs = 0;
-    ptrdiff_t r = nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
-                                    (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), mtu, cx->segs,
-                                    sizeof cx->segs, cx->seg_len, &nsegs, GSO_MAX_SEGS, cx->scratch,
-                                    cx->stream, sizeof cx->stream, tiers);
+    int nsegs;
+    ptrdiff_t r = cut_gso(cx, p, isn, mtu, &nsegs, tiers);
     if (r <= NICD_TOO_SHORT) {
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -317,7 +334,22 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    send_segments(cx, p->daddr, ifindex, nsegs);
+    int too_big = send_segments(cx, p->daddr, ifindex, nsegs);
+    if (too_big) {
+        /* Refused for their size: the path MTU fell within the cached second. Look it up now and
+         * send the whole super-packet again, cut to it: the ranges already out arrive twice,
+         * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries). */
+        size_t fresh = egress_mtu(cx, ifindex, p->daddr, 1);
+        uint64_t t2[4] = {0, 0, 0, 0};
+        int n2;
+        ptrdiff_t r2 = fresh < mtu ? cut_gso(cx, p, isn, fresh, &n2, t2) : NICD_NOT_SMALLER;
+        if (r2 > NICD_TOO_SHORT) {
+            too_big = send_segments(cx, p->daddr, ifindex, n2);
+            r = r2, nsegs = n2;
+            memcpy(tiers, t2, sizeof tiers);
+        }
+    }
+    COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
@@ -364,7 +396,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
          * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
          * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
          * MTU. An unknown MTU (0) leaves it unchanged. */
-        size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), p.daddr);
+        size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), p.daddr, 0);
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
             return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
     }
