@@ -5,14 +5,15 @@ runs the soft NIC on every host, and each rank reduces real gradient values (the
 gradients captured from training, tiled to the size asked) with, side by side in rounds:
 
   ring      our INCEPTIONN ring, plain float32 on untagged sockets (no compression)
-  ring-nic  the same ring on tagged sockets: the soft NICs compress both legs (INC+C)
+  ring-nic  the same ring on tagged sockets: the soft NICs compress both legs (INC+C), packet by
+            packet (nicd --no-gso; ring-gso below runs the daemons' default, gso)
   gloo      torch.distributed's gloo allreduce (needs torch)
   mpi       MPI_Allreduce through mpi4py, launched with ``inceptionn mpirun`` (OpenMPI defaults)
 
 and on request (--impls): ring-app (the same ring compressing inside the collective, the codec
 in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it),
-ring-gso (ring-nic with the soft NICs restarted with gso: super-packets in, MTU-sized compressed
-packets out), ring-notag (ring-nic's computation on untagged sockets: the cost of the
+ring-gso (ring-nic with the soft NICs restarted with gso, their default: super-packets in,
+MTU-sized compressed packets out), ring-notag (ring-nic's computation on untagged sockets: the cost of the
 application side alone), wa and wa-nic (the worker-aggregator exchange, plain or compressed).
 
 Reported: median seconds per allreduce [min-max over all reps], speedups of ring-nic over gloo

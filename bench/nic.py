@@ -198,7 +198,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         h1, h2 = tb.hosts[:2]
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
-        daemons = [stack.enter_context(nicd(h, s, error_bound)) for h, s in zip((h1, h2), socks)]
+        daemons = [stack.enter_context(nicd(h, s, error_bound, gso=False)) for h, s in zip((h1, h2), socks)]
         cpu0 = [cpu_seconds(d.pid) for d in daemons]
         busy = 0.0
         for r in range(rounds):
@@ -237,7 +237,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         if accept_only_too:
             with ExitStack() as acc:
                 for h, s in zip((h1, h2), socks):
-                    acc.enter_context(nicd(h, s, error_bound, accept_only=True))
+                    acc.enter_context(nicd(h, s, error_bound, accept_only=True, gso=False))
                 for r in range(rounds):
                     a = transfer(h1, h2, path, reps, 0x28, timeout)
                     res["accept_only_gbps"].append(8 * a["bytes"] / a["seconds"] / 1e9)

@@ -36,7 +36,7 @@ class NicdConfig:
     log_level: str = "info"
     socket: str = "/run/inceptionn/nicd.sock"
     accept_only: bool = False   # diagnostic: queue tagged packets both ways, accept unchanged
-    gso: bool | str = False     # egress takes GSO super-packets whole (docs/wire-format.md);
+    gso: bool | str = "auto"    # egress takes GSO super-packets whole (docs/wire-format.md);
                                 # "auto": when the daemon may open a raw socket (CAP_NET_RAW)
 
     @property

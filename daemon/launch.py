@@ -22,16 +22,17 @@ from .nicd import wait_ready
 
 
 def nicd_argv(host, sock: str, error_bound: int, accept_only: bool = False,
-              log_level: str = "warning", gso: bool = False, queues: int = 1) -> list[str]:
+              log_level: str = "warning", gso: bool | None = None, queues: int = 1) -> list[str]:
+    """gso: True --gso, False --no-gso (per packet), None the daemon's default (auto)."""
     argv = [sys.executable, "-m", "inceptionn", "nicd", "-i", host.ifname, "--socket", sock,
             "--error-bound", str(error_bound), "--log-level", log_level]
-    return (argv + (["--accept-only"] if accept_only else []) + (["--gso"] if gso else [])
+    return (argv + (["--accept-only"] if accept_only else []) + {True: ["--gso"], False: ["--no-gso"], None: []}[gso]
             + (["--queues", str(queues)] if queues != 1 else []))
 
 
 @contextmanager
 def nicd(host, sock: str, error_bound: int, accept_only: bool = False, *, new_session: bool = False,
-         log_level: str = "warning", gso: bool = False, queues: int = 1):
+         log_level: str = "warning", gso: bool | None = None, queues: int = 1):
     """Run nicd on ``host`` for the duration of the block; yields the Popen (with ``.log``, a
     deque of its last stderr lines). ``new_session`` keeps a terminal's Ctrl-C away from it,
     so the caller stops it in order."""

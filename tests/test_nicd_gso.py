@@ -146,7 +146,7 @@ def test_gso_stream_equals_reconstruction_with_fewer_packets(tmp_path, small, mt
         assert c2[key] == 0, (key, c2)
 
     # the same stream without gso: one compressed packet per MSS segment
-    got0, c1_0, _, packets0, _ = wire_run(tmp_path, small, mtu, tag="plain")
+    got0, c1_0, _, packets0, _ = wire_run(tmp_path, small, mtu, "--no-gso", tag="plain")
     assert_words_equal(got0, want, f"no gso, MTU {mtu}")
     assert c1_0["gso_super_packets"] == 0
     print(f"MTU {mtu}: {packets / small.nbytes * 1e6:.0f} data packets per MB with gso, "
@@ -269,35 +269,32 @@ def test_gso_incompressible_super_packets_leave_whole_and_arrive_intact(tmp_path
     assert c2["ingress_restored"] == 0
 
 
-# --- tests/test_nicd.py's end-to-end tests again, with --gso on every daemon they start ----------
+# --- tests/test_nicd.py's end-to-end tests again, packet by packet (--no-gso) -----------------
+# (test_nicd.py runs them on the default path, gso = "auto": on, since the tests run as root)
 
-EXISTING = {  # test -> (its parameters, the testbed MTU, None: its own)
-    "test_tagged_stream_equals_reconstruction": ({"k": -10}, None),
-    "test_tagged_and_untagged_in_parallel": ({}, None),
-    # at MTU 1500, so that the stream still takes over 100 compressed packets as the test wants
-    "test_unaligned_segments_and_odd_tail": ({"mss": 1001}, 1500),
-    "test_receiver_daemon_killed_fails_closed_and_recovers": ({}, None),
-    "test_sender_daemon_killed_flow_continues_raw": ({}, None),
-    "test_flow_started_before_daemons_stays_raw": ({}, None),
-    "test_hostile_packets_dropped_and_counted": ({}, None),
-    "test_stop_leaves_no_rule": ({}, None),
-}  # (test_random_loss: test_gso_random_loss above, with enough packets for the loss to hit)
+EXISTING = {  # test -> its parameters
+    "test_tagged_stream_equals_reconstruction": {"k": -10},
+    "test_tagged_and_untagged_in_parallel": {},
+    "test_unaligned_segments_and_odd_tail": {"mss": 1001},
+    "test_random_loss": {},
+    "test_receiver_daemon_killed_fails_closed_and_recovers": {},
+    "test_sender_daemon_killed_flow_continues_raw": {},
+    "test_flow_started_before_daemons_stays_raw": {},
+    "test_hostile_packets_dropped_and_counted": {},
+    "test_stop_leaves_no_rule": {},
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXISTING))
-def test_existing_end_to_end_tests_with_gso(name, tmp_path, request, monkeypatch):
+def test_existing_end_to_end_tests_per_packet(name, tmp_path, request, monkeypatch):
     import inspect
     start = test_nicd.Nicd.__init__
 
-    def with_gso(self, host, tmp, extra, tag=""):
-        start(self, host, tmp, [*extra, "--gso"], tag)
-    monkeypatch.setattr(test_nicd.Nicd, "__init__", with_gso)
-    params, mtu = EXISTING[name]
-    if mtu:
-        testbed = test_nicd.make_testbed
-        monkeypatch.setattr(test_nicd, "make_testbed", lambda hosts=2, rate=None, mtu_=mtu, **_: testbed(hosts, rate, mtu_))
+    def per_packet(self, host, tmp, extra, tag=""):
+        start(self, host, tmp, [*extra, "--no-gso"], tag)
+    monkeypatch.setattr(test_nicd.Nicd, "__init__", per_packet)
     test = getattr(test_nicd, name)
-    kwargs = dict(params, tmp_path=tmp_path)
+    kwargs = dict(EXISTING[name], tmp_path=tmp_path)
     for arg in inspect.signature(test).parameters:
         if arg not in kwargs:
             kwargs[arg] = request.getfixturevalue(arg)

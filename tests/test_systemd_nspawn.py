@@ -223,7 +223,8 @@ def test_two_hosts_tagged_job_compressed_and_exact(sites):
             if receiver.poll() is None:
                 receiver.kill()
                 receiver.wait()
-        sa, sb = stats(a.c)["counters"], stats(b.c)["counters"]
+        full_a, full_b = stats(a.c), stats(b.c)
+        sa, sb = full_a["counters"], full_b["counters"]
         sent = np.frombuffer(a.c.read_bytes("/tmp/grads.f32"), dtype=np.float32)
         got = b.c.read_bytes("/tmp/got.f32")
     finally:
@@ -234,6 +235,9 @@ def test_two_hosts_tagged_job_compressed_and_exact(sites):
           f"on B, payload {sa['egress_orig_bytes']} -> {sa['egress_wire_bytes']} bytes ({ratio:.2f}x)")
     assert sent.nbytes == 4 << 20
     assert sa["flows_negotiated"] == 1 and sb["flows_negotiated"] == 1
+    # gso = "auto" with the unit's CAP_NET_RAW: the fast path runs (super-packets, raw socket)
+    assert full_a["config"]["gso"] is True and full_b["config"]["gso"] is True
+    assert sa["gso_super_packets"] > 0 and sa["gso_send_errors"] == 0, sa
     assert sa["egress_compressed"] > 0
     assert sb["ingress_restored"] == sa["egress_compressed"]
     assert sa["egress_orig_bytes"] > 0.9 * sent.nbytes  # (nearly) all of it went compressed
