@@ -156,9 +156,11 @@ def test_start_reload_crash_stop(sites):
     guide(c, f"systemctl enable --now {UNIT}")
     try:
         assert guide(c, f"systemctl is-active {UNIT}").stdout.strip() == "active"
-        rules = wait_for("the queue rules", lambda: queue_rules(host), c=c)
-        assert any(f"-o {host.ifname}" in r for r in rules) and any(f"-i {host.ifname}" in r for r in rules), rules
+        # the daemon installs its rules one by one, then opens its stats socket: read them after
+        # (read before, a partial set once made the comparison after the crash fail)
         wait_for("the stats socket", lambda: c.run(["test", "-S", "/run/inceptionn/nicd.sock"]).returncode == 0, c=c)
+        rules = queue_rules(host)
+        assert any(f"-o {host.ifname}" in r for r in rules) and any(f"-i {host.ifname}" in r for r in rules), rules
         shown = guide(c, "inceptionn stats").stdout
         assert f"interfaces {host.ifname}, codec inceptionn 2^-10" in shown, shown
 
