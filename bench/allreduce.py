@@ -134,7 +134,8 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
     rate_bps = parse_rate(rate)
     hosts = max([world, *scale_hosts])
     res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}}
-    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name="bar") as tb, ExitStack() as stack, \
+    # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
+    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=f"bar{os.getpid()}") as tb, ExitStack() as stack, \
             tempfile.TemporaryDirectory(prefix="inceptionn-bar-") as tmp:
         mode = [None]  # the daemons' gso setting, None: not running
 

@@ -194,7 +194,8 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         res[mode + "_packets"] = res[mode + "_bytes"] = 0
     rate_bps = parse_rate(rate) if rate else None
     timeout = 600
-    with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name="bnic") as tb, ExitStack() as stack:
+    # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
+    with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name=f"bnic{os.getpid()}") as tb, ExitStack() as stack:
         h1, h2 = tb.hosts[:2]
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
