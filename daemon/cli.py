@@ -75,8 +75,8 @@ def register(sub) -> None:
     gso = p.add_mutually_exclusive_group()
     gso.add_argument("--gso", action="store_true",
                      help="fast path: take TSO/GSO super-packets (up to 64 KB) on egress and send each as the "
-                     "fewest compressed packets that fit the path MTU (needs CAP_NET_RAW; the config's gso "
-                     "key: true, false or auto, on when CAP_NET_RAW is there)")
+                     "fewest compressed packets that fit the path MTU; refuse to start without CAP_NET_RAW "
+                     "(default: gso = \"auto\", on when the daemon has CAP_NET_RAW, else per packet)")
     gso.add_argument("--no-gso", action="store_true",
                      help="compress packet by packet, as the kernel segments them (gso = false)")
     once = p.add_mutually_exclusive_group()
