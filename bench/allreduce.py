@@ -5,11 +5,15 @@ runs the soft NIC on every host, and each rank reduces real gradient values (the
 gradients captured from training, tiled to the size asked) with, side by side in rounds:
 
   ring      our INCEPTIONN ring, plain float32 on untagged sockets (no compression)
-  ring-nic  the same ring on tagged sockets: the soft NICs compress both legs (INC+C)
+  ring-nic  the same ring on tagged sockets: the soft NICs compress both legs (INC+C), packet by
+            packet (nicd --no-gso; ring-gso below runs the daemons' default, gso)
   gloo      torch.distributed's gloo allreduce (needs torch)
   mpi       MPI_Allreduce through mpi4py, launched with ``inceptionn mpirun`` (OpenMPI defaults)
 
-and on request (--impls): ring-notag (ring-nic's computation on untagged sockets: the cost of the
+and on request (--impls): ring-app (the same ring compressing inside the collective, the codec
+in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it),
+ring-gso (ring-nic with the soft NICs restarted with gso, their default: super-packets in,
+MTU-sized compressed packets out), ring-notag (ring-nic's computation on untagged sockets: the cost of the
 application side alone), wa and wa-nic (the worker-aggregator exchange, plain or compressed).
 
 Reported: median seconds per allreduce [min-max over all reps], speedups of ring-nic over gloo
@@ -31,14 +35,15 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from ..daemon.launch import nicd
+from ..daemon.launch import nicd, read_stats
 from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import format_rate, parse_rate
 
 HELP = "ring allreduce with and without the soft NIC against gloo and OpenMPI, 2 to 8 hosts"
 IMPLS = ("ring", "ring-nic", "gloo", "mpi")          # the default comparison
-EXTRA_IMPLS = ("ring-notag", "wa", "wa-nic")         # on request: app-side cost alone, WA
+EXTRA_IMPLS = ("ring-app", "ring-gso", "ring-notag", "wa", "wa-nic")  # on request
+GSO_IMPLS = ("ring-gso",)                            # run with the daemons in gso mode
 SCALE_IMPLS = ("ring-nic", "wa-nic")
 GLOO_PORT = 29511
 PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
@@ -129,10 +134,23 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
     rate_bps = parse_rate(rate)
     hosts = max([world, *scale_hosts])
     res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}}
-    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name="bar") as tb, ExitStack() as stack, \
+    # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
+    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=f"bar{os.getpid()}") as tb, ExitStack() as stack, \
             tempfile.TemporaryDirectory(prefix="inceptionn-bar-") as tmp:
-        for h in tb.hosts:
-            stack.enter_context(nicd(h, os.path.join(tmp, f"{h.name}.sock"), error_bound))
+        mode = [None]  # the daemons' gso setting, None: not running
+
+        def daemons(gso: bool) -> None:
+            """The soft NIC on every host, restarted when an allreduce needs the other mode."""
+            if mode[0] is not gso:
+                stack.close()
+                for h in tb.hosts:
+                    stack.enter_context(nicd(h, os.path.join(tmp, f"{h.name}.sock"), error_bound, gso=gso))
+                mode[0] = gso
+
+        def nic_counters() -> dict:
+            """Packets all daemons sent compressed, and super-packets among what they took."""
+            c = [read_stats(os.path.join(tmp, f"{h.name}.sock")) for h in tb.hosts]
+            return {k: sum(x[k] for x in c) for k in ("egress_compressed", "gso_super_packets")}
         jobs = [(size, world, impls, "sizes") for size in sizes]
         jobs += [(scale_size, n, SCALE_IMPLS, "scaling") for n in scale_hosts]
         for size, n, which, section in jobs:
@@ -145,9 +163,13 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             for r in range(rounds):
                 for impl in which:
                     log(f"{res['rate']} {size} MiB x {n} hosts round {r + 1}/{rounds}: {impl} ...")
+                    daemons(impl in GSO_IMPLS)
+                    c0 = nic_counters()
                     got = run_impl(tb, impl, n, workdir, reps, timeout, error_bound)
                     row[impl]["seconds"] += got["seconds"]
                     row[impl]["nmse"] = got["nmse"]
+                    for k, v in nic_counters().items():  # what the soft NICs did for it
+                        row[impl][k] = row[impl].get(k, 0) + v - c0[k]
             for impl, v in row.items():
                 v["median"] = statistics.median(v["seconds"])
                 v["min"], v["max"] = min(v["seconds"]), max(v["seconds"])
@@ -171,6 +193,11 @@ def print_report(r: dict) -> None:
             nmse = row.get("ring-nic", {}).get("nmse")
             nmse = f"{nmse:.2e}" if nmse is not None else "-"
             print(f"{size:>5}  " + "  ".join(f"{c:>22}" for c in cells) + f"  {sp[0]} / {sp[1]}         {nmse}")
+            if "gloo" in row:  # every compressing ring against gloo
+                vs = [f"{i} {row['gloo']['median'] / row[i]['median']:.2f}x" for i in ("ring-app", "ring-nic", "ring-gso")
+                      if i in row]
+                if vs:
+                    print(f"{'':>5}  faster than gloo: " + ", ".join(vs))
         if link["scaling"]:
             print(f"\nExchange time from {min(map(int, link['scaling']))} to "
                   f"{max(map(int, link['scaling']))} hosts ({r['scale_size']} MiB, paper's Fig. 15)")
@@ -180,7 +207,8 @@ def print_report(r: dict) -> None:
                 print(f"{n:>5}  {a['median']:8.3f} [{a['min']:.2f}-{a['max']:.2f}]  "
                       f"{b['median']:8.3f} [{b['min']:.2f}-{b['max']:.2f}]  {b['median'] / a['median']:6.2f}x")
     print("\nring = our ring, untagged (no compression); ring-nic = the same ring on tagged sockets "
-          "through the soft NICs (INC+C); wa-nic = worker-aggregator, gradient leg compressed. "
+          "through the soft NICs (INC+C); ring-gso = ring-nic with the soft NICs in gso mode; ring-app = "
+          "the same ring compressing in the collective (no daemon); wa-nic = worker-aggregator, gradient leg compressed. "
           "Target: ring-nic at least 3x faster than both gloo and OpenMPI at 100 Mbit.")
 
 

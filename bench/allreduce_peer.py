@@ -5,7 +5,9 @@ gradient file and prints one JSON line. Run by the benchmark inside a testbed ho
                                               [--error-bound K]
 
 IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
-soft NICs compress both legs), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
+soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemons with gso),
+``ring-app`` (the same ring compressing inside the collective, codec in the application, untagged
+sockets, no daemon involved), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
 ``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the
 cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI).
 WORKDIR holds ``grad<rank>.npy`` (this rank's input) and ``exact.npy`` (the float64 sum), and
@@ -55,7 +57,7 @@ def main(argv: list[str]) -> int:
     else:
         from inceptionn.codecs import get_codec
         from inceptionn.collective import FileStore, Group
-        compress = None if impl in ("ring", "wa") else "nic"
+        compress = {"ring": None, "wa": None, "ring-app": "app"}.get(impl, "nic")
         group = Group(rank, world, FileStore(os.path.join(workdir, "store")), compress=compress,
                       codec=get_codec("inceptionn", error_bound=error_bound), prefix=f"bench-{impl}",
                       tag=impl != "ring-notag")

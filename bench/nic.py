@@ -12,6 +12,11 @@ daemon counted. With --gso every link also runs the tagged stream with nicd --gs
 hosts (TSO super-packets compressed into MTU-sized packets, docs/wire-format.md), side by side
 with the per-packet path; for every mode the data packets that reached the receiver (an
 iptables counter on its wire side, before its daemon) are reported per MB of original payload.
+``--queues 1,2`` runs the --gso stream once per queue count (nicd --queues N on both hosts: N
+queue pairs, one thread each, flows spread by hash) and ``--streams M`` sends M parallel streams
+in every transfer, so more than one queue has work. Each daemon's CPU time (all its threads, from
+/proc/<pid>/stat) is reported per GB of original payload at each end: what a host with cores of
+its own would pay, since here both ends share the machine's cores.
 """
 from __future__ import annotations
 
@@ -53,25 +58,29 @@ def wait_established(host, port: int, timeout: float = 10.0) -> None:
     raise UserError(f"no connection on port {port} after {timeout:.0f} s")
 
 
-def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float, on_connected=None) -> dict:
-    """One stream sender -> receiver; ``on_connected()`` runs once the connection is up."""
+def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float, on_connected=None,
+             streams: int = 1) -> dict:
+    """``streams`` parallel streams sender -> receiver (ports PORT, PORT + 1, ...): their bytes
+    summed, over the longest of their times; ``on_connected()`` runs once the first is up."""
     peer = [sys.executable, "-m", "inceptionn.bench.stream_peer"]
-    rx = receiver.popen(peer + ["recv", receiver.ip, str(PORT)], stdout=subprocess.PIPE, text=True)
-    tx = None
+    rxs, txs = [], []
     try:
-        if rx.stdout.readline().strip() != "ready":
-            raise UserError("benchmark receiver did not start")
-        tx = sender.popen(peer + ["send", receiver.ip, str(PORT), path, str(reps), hex(tos)])
+        for i in range(streams):
+            rxs.append(receiver.popen(peer + ["recv", receiver.ip, str(PORT + i)], stdout=subprocess.PIPE, text=True))
+            if rxs[-1].stdout.readline().strip() != "ready":
+                raise UserError("benchmark receiver did not start")
+        for i in range(streams):
+            txs.append(sender.popen(peer + ["send", receiver.ip, str(PORT + i), path, str(reps), hex(tos)]))
         if on_connected:
             wait_established(receiver, PORT)
             on_connected()
-        if tx.wait(timeout=timeout) != 0:
+        if any(tx.wait(timeout=timeout) != 0 for tx in txs):
             raise UserError("benchmark sender failed")
-        out, _ = rx.communicate(timeout=timeout)
-        return json.loads(out)
+        results = [json.loads(rx.communicate(timeout=timeout)[0]) for rx in rxs]
+        return {"bytes": sum(r["bytes"] for r in results), "seconds": max(r["seconds"] for r in results)}
     finally:
-        for p in (tx, rx):
-            if p is not None and p.poll() is None:
+        for p in txs + rxs:
+            if p.poll() is None:
                 p.kill()
                 p.wait()
 
@@ -95,10 +104,10 @@ def wire_packets(receiver) -> int:
     raise UserError(f"the wire counter in {receiver.name} is gone")
 
 
-def timed_transfer(sender, receiver, path, reps, tos, timeout, res, mode) -> dict:
+def timed_transfer(sender, receiver, path, reps, tos, timeout, res, mode, streams=1) -> dict:
     """A transfer whose Gbit/s and wire packets go to res[mode + "_gbps"], res[mode + "_packets"]."""
     p0 = wire_packets(receiver)
-    t = transfer(sender, receiver, path, reps, tos, timeout)
+    t = transfer(sender, receiver, path, reps, tos, timeout, streams=streams)
     res[mode + "_gbps"].append(8 * t["bytes"] / t["seconds"] / 1e9)
     res[mode + "_packets"] += wire_packets(receiver) - p0
     res[mode + "_bytes"] += t["bytes"]
@@ -131,9 +140,45 @@ def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float,
             f.wait()
 
 
+def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues, streams, rate_bps, label) -> dict:
+    """Rounds of the tagged stream with nicd --gso --queues ``queues`` on both hosts: goodput, wire
+    packets, and each daemon's CPU (all its threads, /proc/<pid>/stat) per wall second and per GB."""
+    res = {"queues": queues}
+    acc = {"gso_gbps": [], "gso_packets": 0, "gso_bytes": 0}
+    with ExitStack() as g:
+        gd = [g.enter_context(nicd(h, s, error_bound, gso=True, queues=queues)) for h, s in zip((h1, h2), socks)]
+        cpu0, busy = [cpu_seconds(d.pid) for d in gd], 0.0
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            timed_transfer(h1, h2, path, reps, 0x28, timeout, acc, "gso", streams)
+            busy += time.perf_counter() - t0
+            log(f"{label} gso {queues} queue(s) round {r + 1}: soft NIC --gso {acc['gso_gbps'][-1]:.3f} Gbit/s")
+        cpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, cpu0)]
+        g1, g2 = read_stats(socks[0]), read_stats(socks[1])
+        per_queue = [q["counters"]["egress_packets"] for q in stats_queues(socks[0])]
+    res["gbps"], res["packets"], res["bytes"] = acc["gso_gbps"], acc["gso_packets"], acc["gso_bytes"]
+    res["gbps_median"] = statistics.median(res["gbps"])
+    res["ratio"] = g1["egress_orig_bytes"] / max(1, g1["egress_wire_bytes"])
+    res["super_packets"] = g1["gso_super_packets"]
+    res["send_errors"] = g1["gso_send_errors"]
+    res["drops"] = {k: v for k, v in g2.items() if k.startswith("drop_") and v}
+    res["sender_queue_packets"] = per_queue  # how the streams spread over the sender's queues
+    res["sender_cpu"], res["receiver_cpu"] = (c / busy for c in cpu)
+    # what a host with cores of its own pays: daemon CPU seconds per GB of original payload
+    res["sender_s_per_gb"], res["receiver_s_per_gb"] = (c / (res["bytes"] / 1e9) for c in cpu)
+    if rate_bps:
+        res["of_ideal"] = res["gbps_median"] / (rate_bps / 1e9 * res["ratio"])
+    return res
+
+
+def stats_queues(sock: str) -> list[dict]:
+    from ..daemon.stats import read
+    return read(sock)["queues"]
+
+
 def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
                  error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0,
-                 gso: bool = False) -> dict:
+                 gso: bool = False, queues: tuple = (1,), streams: int = 1) -> dict:
     label = f"{rate or 'unshaped'} MTU {mtu}"
     log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged"
         + (f" + tagged under a {flood_pps:.0f} SYN/s flood" if flood_pps else "") + " ...")
@@ -143,17 +188,18 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         res[mode + "_packets"] = res[mode + "_bytes"] = 0
     rate_bps = parse_rate(rate) if rate else None
     timeout = 600
-    with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name="bnic") as tb, ExitStack() as stack:
+    # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
+    with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name=f"bnic{os.getpid()}") as tb, ExitStack() as stack:
         h1, h2 = tb.hosts[:2]
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
-        daemons = [stack.enter_context(nicd(h, s, error_bound)) for h, s in zip((h1, h2), socks)]
+        daemons = [stack.enter_context(nicd(h, s, error_bound, gso=False)) for h, s in zip((h1, h2), socks)]
         cpu0 = [cpu_seconds(d.pid) for d in daemons]
         busy = 0.0
         for r in range(rounds):
-            timed_transfer(h1, h2, path, reps, 0, timeout, res, "raw")
+            timed_transfer(h1, h2, path, reps, 0, timeout, res, "raw", streams)
             t0 = time.perf_counter()
-            timed_transfer(h1, h2, path, reps, 0x28, timeout, res, "nic")
+            timed_transfer(h1, h2, path, reps, 0x28, timeout, res, "nic", streams)
             busy += time.perf_counter() - t0
             log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC {res['nic_gbps'][-1]:.3f} Gbit/s")
             if flood_pps:
@@ -174,34 +220,25 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
                                                                  - before_flood_tx["egress_raw_not_negotiated"])
         stack.close()  # stop the daemons (and their rules) before the accept-only and gso runs
         if gso:
-            with ExitStack() as g:
-                gd = [g.enter_context(nicd(h, s, error_bound, gso=True)) for h, s in zip((h1, h2), socks)]
-                gcpu0, gbusy = [cpu_seconds(d.pid) for d in gd], 0.0
-                for r in range(rounds):
-                    t0 = time.perf_counter()
-                    timed_transfer(h1, h2, path, reps, 0x28, timeout, res, "gso")
-                    gbusy += time.perf_counter() - t0
-                    log(f"{label} gso round {r + 1}: soft NIC --gso {res['gso_gbps'][-1]:.3f} Gbit/s")
-                gcpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, gcpu0)]
-                g1, g2 = read_stats(socks[0]), read_stats(socks[1])
-            res["gso"] = statistics.median(res["gso_gbps"])
-            res["gso_ratio"] = g1["egress_orig_bytes"] / max(1, g1["egress_wire_bytes"])
-            res["gso_super_packets"] = g1["gso_super_packets"]
-            res["gso_send_errors"] = g1["gso_send_errors"]
-            res["gso_drops"] = {k: v for k, v in g2.items() if k.startswith("drop_") and v}
-            res["gso_sender_cpu"], res["gso_receiver_cpu"] = (c / gbusy for c in gcpu)
-            # what a host with cores of its own pays: daemon CPU seconds per GB of original payload
-            res["gso_sender_s_per_gb"], res["gso_receiver_s_per_gb"] = (c / (res["gso_bytes"] / 1e9) for c in gcpu)
-            if rate_bps:
-                res["gso_of_ideal"] = res["gso"] / (rate_bps / 1e9 * res["gso_ratio"])
+            res["gso_runs"] = [measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, q, streams,
+                                           rate_bps, label) for q in queues]
+            first = res["gso_runs"][0]  # the figures of the first queue count, as before --queues
+            res["gso_gbps"], res["gso_packets"], res["gso_bytes"] = first["gbps"], first["packets"], first["bytes"]
+            res["gso"] = first["gbps_median"]
+            for k in ("ratio", "super_packets", "send_errors", "drops", "sender_cpu", "receiver_cpu",
+                      "sender_s_per_gb", "receiver_s_per_gb", "of_ideal"):
+                if k in first:
+                    res["gso_" + k] = first[k]
         if accept_only_too:
             with ExitStack() as acc:
                 for h, s in zip((h1, h2), socks):
-                    acc.enter_context(nicd(h, s, error_bound, accept_only=True))
+                    acc.enter_context(nicd(h, s, error_bound, accept_only=True, gso=False))
                 for r in range(rounds):
                     a = transfer(h1, h2, path, reps, 0x28, timeout)
                     res["accept_only_gbps"].append(8 * a["bytes"] / a["seconds"] / 1e9)
                     log(f"{label} accept-only round {r + 1}: {res['accept_only_gbps'][-1]:.3f} Gbit/s")
+    if not flood_pps:  # (the flood's transfers ran in the same window)
+        res["sender_s_per_gb"], res["receiver_s_per_gb"] = (c / (res["nic_bytes"] / 1e9) for c in cpu)
     res["ratio"] = s1["egress_orig_bytes"] / max(1, s1["egress_wire_bytes"])
     res["compressed_share"] = s1["egress_orig_bytes"] / max(1, s1["egress_orig_bytes"] + s1["egress_raw_bytes"])
     res["restored_packets"] = s2["ingress_restored"]
@@ -221,25 +258,33 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     return res
 
 
+def per_gb(x: dict) -> str:
+    """Daemon CPU seconds per GB of original payload, sender / receiver."""
+    return f"{x['sender_s_per_gb']:.2f}/{x['receiver_s_per_gb']:.2f}" if "sender_s_per_gb" in x else "-"
+
+
 def print_report(r: dict) -> None:
     print(f"Soft NIC goodput: {r['values']:,} real gradient values ({r['input']}, HDC on {r['dataset']}), "
           f"error bound 2^{r['error_bound']}; median of {r['rounds']} rounds [min-max]; Gbit/s of original payload")
-    print(f"{'link':<22}{'untagged':>16}{'soft NIC':>20}{'ratio':>8}{'ideal':>8}{'of ideal':>9}{'CPU tx/rx':>12}")
+    print(f"{'link':<22}{'untagged':>16}{'soft NIC':>20}{'ratio':>8}{'ideal':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
+          f"{'CPU s/GB tx/rx':>16}")
     for x in r["links"]:
         if not x.get("rate"):
             continue
         span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
         print(f"{x['rate'] + ' MTU ' + str(x['mtu']):<22}{x['raw']:>7.3f}{span(x['raw_gbps']):>9}"
               f"{x['nic']:>8.3f}{span(x['nic_gbps']):>12}{x['ratio']:>7.2f}x{x['ideal_gbps']:>8.3f}"
-              f"{100 * x['of_ideal']:>8.0f}%{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%")
+              f"{100 * x['of_ideal']:>8.0f}%{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%"
+              f"{per_gb(x):>16}")
     ceil = [x for x in r["links"] if not x.get("rate")]
     if ceil:
         print("\nData path ceiling, unshaped veth (Gbit/s of original payload):")
-        print(f"{'MTU':<8}{'no queue':>10}{'accept-only':>13}{'soft NIC':>10}{'ratio':>8}{'CPU tx/rx':>12}")
+        print(f"{'MTU':<8}{'no queue':>10}{'accept-only':>13}{'soft NIC':>10}{'ratio':>8}{'CPU tx/rx':>12}"
+              f"{'CPU s/GB tx/rx':>16}")
         for x in ceil:
             acc = f"{x['accept_only']:.2f}" if x["accept_only"] is not None else "-"
             print(f"{x['mtu']:<8}{x['raw']:>10.2f}{acc:>13}{x['nic']:>10.2f}{x['ratio']:>7.2f}x"
-                  f"{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%")
+                  f"{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%{per_gb(x):>16}")
     print("\nuntagged = the same stream with ToS 0, which no rule queues (the link without the soft NIC); "
           "ideal = link rate x the compression ratio the daemons measured; CPU = daemon CPU time / wall "
           "time of the tagged runs (100% = one core). Targets: 80% of ideal at 100 Mbit, 60% at 1 Gbit "
@@ -247,25 +292,30 @@ def print_report(r: dict) -> None:
 
 
 def print_gso_report(r: dict) -> None:
-    links = [x for x in r["links"] if x.get("gso") is not None]
+    links = [x for x in r["links"] if x.get("gso_runs")]
     if not links:
         return
     span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
-    print("\nGSO fast path (nicd --gso on both hosts) beside the per-packet soft NIC; Gbit/s of original "
-          "payload, median [min-max]; data packets on the receiver's wire per MB of payload:")
-    print(f"{'link':<22}{'soft NIC':>20}{'--gso':>20}{'ratio':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
-          f"{'CPU s/GB tx/rx':>16}{'pkt/MB MSS':>12}{'per-packet':>11}{'--gso':>7}")
+    print(f"\nGSO fast path (nicd --gso on both hosts, {r.get('streams', 1)} stream(s)) beside the per-packet soft NIC; "
+          "Gbit/s of original payload, median [min-max]; data packets on the receiver's wire per MB of payload:")
+    print(f"{'link':<22}{'soft NIC':>20}{'q':>3}{'--gso':>20}{'ratio':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
+          f"{'CPU s/GB tx/rx':>16}{'pkt/MB MSS':>12}{'per-packet':>11}{'--gso':>7}  packets per sender queue")
     for x in links:
-        ideal = f"{100 * x['gso_of_ideal']:.0f}%" if x.get("gso_of_ideal") else "-"
-        print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>13}"
-              f"{x['gso']:>7.3f}{span(x['gso_gbps']):>13}{x['gso_ratio']:>7.2f}x{ideal:>9}"
-              f"{100 * x['gso_sender_cpu']:>6.0f}/{100 * x['gso_receiver_cpu']:.0f}%"
-              f"{x['gso_sender_s_per_gb']:>11.2f}/{x['gso_receiver_s_per_gb']:.2f}"
-              f"{1e6 / (x['mtu'] - 52):>12.0f}{x['nic_packets_per_mb']:>11.0f}{x['gso_packets_per_mb']:>7.0f}")
-    print("pkt/MB = data packets from the sender counted on the receiver's interface (before its daemon) per MB "
+        for g in x["gso_runs"]:
+            ideal = f"{100 * g['of_ideal']:.0f}%" if g.get("of_ideal") else "-"
+            per_mb = g["packets"] / (g["bytes"] / 1e6)
+            print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>13}"
+                  f"{g['queues']:>3}{g['gbps_median']:>7.3f}{span(g['gbps']):>13}{g['ratio']:>7.2f}x{ideal:>9}"
+                  f"{100 * g['sender_cpu']:>6.0f}/{100 * g['receiver_cpu']:.0f}%"
+                  f"{g['sender_s_per_gb']:>11.2f}/{g['receiver_s_per_gb']:.2f}"
+                  f"{1e6 / (x['mtu'] - 52):>12.0f}{x['nic_packets_per_mb']:>11.0f}{per_mb:>7.0f}  "
+                  + "/".join(str(n) for n in g["sender_queue_packets"]))
+    print("q = queue pairs (threads) of each daemon (--queues); flows spread over them by hash. "
+          "pkt/MB = data packets from the sender counted on the receiver's interface (before its daemon) per MB "
           "of original payload; MSS = what the untagged stream takes on a real wire, one per MSS (a veth carries "
-          "untagged super-packets whole, so they are not counted). CPU = each daemon's CPU time / wall time of "
-          "the --gso runs, and per GB of original payload. Both ends, their daemons and the kernel share 2 cores here.")
+          "untagged super-packets whole, so they are not counted). CPU = each daemon's CPU time (all threads) / wall "
+          "time of the --gso runs, and per GB of original payload. Both ends, their daemons and the kernel share "
+          "the machine's cores here.")
 
 
 def print_flood_report(r: dict) -> None:
@@ -300,6 +350,12 @@ def run(args) -> int:
         raise UserError("--rounds must be at least 1")
     if not 0 <= args.flood <= 1e6:
         raise UserError(f"--flood takes a rate from 0 to 1000000 SYNs per second, got {args.flood:g}")
+    try:
+        queues = tuple(int(q) for q in args.queues.split(","))
+    except ValueError:
+        raise UserError(f"--queues takes queue counts such as 1,2, got {args.queues!r}") from None
+    if not all(1 <= q <= 64 for q in queues) or not 1 <= args.streams <= 64:
+        raise UserError("--queues and --streams take 1 to 64")
     links = []
     for item in args.links.split(","):
         try:
@@ -318,7 +374,7 @@ def run(args) -> int:
     if args.input == "scaled":
         x, _ = scaled_copy(x, 4, 65536)
     report = {"dataset": dataset.name, "values": int(x.size), "input": args.input, "error_bound": args.error_bound,
-              "rounds": args.rounds, "links": []}
+              "rounds": args.rounds, "streams": args.streams, "links": []}
     with tempfile.TemporaryDirectory(prefix="inceptionn-bench-nic-") as tmp:
         path = os.path.join(tmp, "stream.bin")
         x.astype(np.float32).tofile(path)
@@ -327,7 +383,7 @@ def run(args) -> int:
             reps = min(reps, 40)
             report["links"].append(measure_link(rate, mtu, path, x.nbytes, reps, args.rounds, args.error_bound,
                                                 tmp, accept_only_too=rate is None, flood_pps=args.flood,
-                                                gso=args.gso))
+                                                gso=args.gso, queues=queues, streams=args.streams))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -347,6 +403,11 @@ def add_arguments(p) -> None:
                    "to the receiver (e.g. 20000; default 0: no flood)")
     p.add_argument("--gso", action="store_true",
                    help="also run every link with nicd --gso (the GSO fast path) beside the per-packet path")
+    p.add_argument("--queues", default="1", metavar="N[,N...]",
+                   help="with --gso: run the --gso stream once per queue count, each daemon with --queues N "
+                   "(default 1)")
+    p.add_argument("--streams", type=int, default=1, metavar="M",
+                   help="parallel streams per transfer (default 1; flows spread over queues by hash)")
     p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
                    help="gradients as the collective sends them (scaled per 64K bucket, default) or raw")
     p.add_argument("--megabytes", type=float, default=50,

@@ -72,9 +72,13 @@ def register(sub) -> None:
     p.add_argument("--accept-only", action="store_true",
                    help="diagnostic: queue tagged packets both ways and accept them unchanged "
                    "(measures the queue's own cost; compresses nothing)")
-    p.add_argument("--gso", action="store_true",
-                   help="fast path: take TSO/GSO super-packets (up to 64 KB) on egress and send each as the "
-                   "fewest compressed packets that fit the MTU (needs CAP_NET_RAW; default off)")
+    gso = p.add_mutually_exclusive_group()
+    gso.add_argument("--gso", action="store_true",
+                     help="fast path: take TSO/GSO super-packets (up to 64 KB) on egress and send each as the "
+                     "fewest compressed packets that fit the path MTU; refuse to start without CAP_NET_RAW "
+                     "(default: gso = \"auto\", on when the daemon has CAP_NET_RAW, else per packet)")
+    gso.add_argument("--no-gso", action="store_true",
+                     help="compress packet by packet, as the kernel segments them (gso = false)")
     once = p.add_mutually_exclusive_group()
     once.add_argument("--cleanup", action="store_true",
                       help="remove the queue rules of every nicd that no longer runs (after a stop or a crash) "

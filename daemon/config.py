@@ -38,7 +38,8 @@ class NicdConfig:
     log_level: str = "info"
     socket: str = "/run/inceptionn/nicd.sock"
     accept_only: bool = False   # diagnostic: queue tagged packets both ways, accept unchanged
-    gso: bool = False           # egress takes GSO super-packets whole (docs/wire-format.md)
+    gso: bool | str = "auto"    # egress takes GSO super-packets whole (docs/wire-format.md);
+                                # "auto": when the daemon may open a raw socket (CAP_NET_RAW)
 
     @property
     def egress_queues(self) -> range:
@@ -88,9 +89,10 @@ class NicdConfig:
                 bad(key, f"must be an integer from {lo} to {hi}, got {v!r}")
         if self.log_level not in LOG_LEVELS:
             bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        for key in ("accept_only", "gso"):
-            if not isinstance(getattr(self, key), bool):
-                bad(key, f"must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.accept_only, bool):
+            bad("accept_only", f"must be true or false, got {self.accept_only!r}")
+        if not isinstance(self.gso, bool) and self.gso != "auto":
+            bad("gso", f"must be true, false or \"auto\", got {self.gso!r}")
         if not isinstance(self.socket, str) or not self.socket.startswith("/"):
             bad("socket", f"must be an absolute path, got {self.socket!r}")
         return self
@@ -115,8 +117,8 @@ def overrides_from(args) -> dict:
     key has a flag, --key-with-dashes (interfaces: -i/--interface, repeatable), so that settings
     come from the file or flags alike."""
     values = {key: getattr(args, "interface" if key == "interfaces" else key) for key in sorted(FIELDS)}
-    for switch in ("accept_only", "gso"):  # absent is "not given"
-        values[switch] = getattr(args, switch) or None
+    values["accept_only"] = args.accept_only or None  # absent is "not given"
+    values["gso"] = True if args.gso else False if args.no_gso else None
     return values
 
 

@@ -109,6 +109,20 @@ def uninstall(args) -> int:
     return 0
 
 
+def resolve_gso(gso) -> bool:
+    """gso = "auto": on when this process may open the raw socket its packets leave by
+    (CAP_NET_RAW, and AF_INET not filtered away), else per packet, said in one warning line."""
+    if gso != "auto":
+        return gso
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW).close()
+        return True
+    except OSError as exc:
+        log.warning("gso: cannot open a raw IP socket (%s; needs CAP_NET_RAW), so no super-packets: "
+                    "tagged packets are compressed one by one (set gso = false to say so)", exc.strerror)
+        return False
+
+
 def run(args) -> int:
     if args.cleanup:
         return cleanup(args)
@@ -119,6 +133,7 @@ def run(args) -> int:
     if os.geteuid() != 0:
         raise UserError("nicd needs root or CAP_NET_ADMIN to bind netfilter queues and install rules")
     config.check_interfaces(cfg)
+    cfg.gso = resolve_gso(cfg.gso)
 
     stop = threading.Event()
     reload_requested = threading.Event()

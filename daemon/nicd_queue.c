@@ -19,6 +19,10 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifndef SO_BINDTOIFINDEX
+#define SO_BINDTOIFINDEX 62
+#endif
 #include <sys/uio.h>
 
 #include "inceptionn_codec.h"
@@ -48,6 +52,13 @@
  * smaller than what they cover: 45 at MTU 1500; a smaller MTU leaves the super-packet raw). */
 #define GSO_MAX_SEGS 64
 
+/* gso: the path MTU toward a destination, per egress interface, re-read every second. */
+#define MTU_CACHE 16
+struct path_mtu {
+    uint32_t daddr, ifindex, checked;
+    size_t mtu;
+};
+
 /* One NFQNL_MSG_VERDICT message up to the payload attribute's data (all 4-byte aligned). */
 struct verdict_msg {
     struct nlmsghdr nlh;
@@ -75,8 +86,8 @@ struct ctx {
     size_t seg_len[GSO_MAX_SEGS];
     uint8_t segs[NICD_MAX_PACKET + GSO_MAX_SEGS * 128];
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
-    uint32_t mtu_ifindex, mtu_checked;
-    size_t mtu;
+    int udp_fd; /* unsent-to, connected only to look up a destination's path MTU */
+    struct path_mtu mtus[MTU_CACHE];
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -219,29 +230,45 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
-/* The MTU of the interface a packet leaves by, cached per thread for a second (a changed MTU
- * is picked up); 0 if unknown. */
-static size_t egress_mtu(struct ctx *cx, struct nfq_data *nfa)
+/* The MTU a packet toward daddr may have when it leaves by interface ifindex: the interface's
+ * MTU, lowered to the route's (a route `mtu`, or a path MTU learned from ICMP: what TCP cuts its
+ * segments to). A compressed packet sized to the interface alone would not pass a smaller path
+ * MTU: the raw socket refuses it (EMSGSIZE, DF is set), and the flow would only crawl on through
+ * its one-MSS retransmissions. Cached per thread for a second (fresh: looked up now); 0 if
+ * unknown. */
+static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int fresh)
 {
-    uint32_t ifindex = nfq_get_outdev(nfa);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    if (ifindex == cx->mtu_ifindex && (uint32_t)ts.tv_sec == cx->mtu_checked)
-        return cx->mtu;
+    struct path_mtu *e = &cx->mtus[(daddr ^ (daddr >> 16) ^ ifindex) % MTU_CACHE];
+    if (!fresh && e->daddr == daddr && e->ifindex == ifindex && e->checked == (uint32_t)ts.tv_sec &&
+        e->checked)
+        return e->mtu;
     struct ifreq ifr = {0};
-    cx->mtu = 0;
+    size_t mtu = 0;
     if (ifindex && if_indextoname(ifindex, ifr.ifr_name) && ioctl(cx->raw_fd, SIOCGIFMTU, &ifr) == 0 &&
         ifr.ifr_mtu > 0)
-        cx->mtu = (size_t)ifr.ifr_mtu;
-    cx->mtu_ifindex = ifindex, cx->mtu_checked = (uint32_t)ts.tv_sec;
-    return cx->mtu;
+        mtu = (size_t)ifr.ifr_mtu;
+    /* connect() on a datagram socket only looks the route up (through that interface) */
+    int oif = (int)ifindex, route_mtu = 0;
+    socklen_t sl = sizeof route_mtu;
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9), .sin_addr.s_addr = daddr};
+    if (mtu && setsockopt(cx->udp_fd, SOL_SOCKET, SO_BINDTOIFINDEX, &oif, sizeof oif) == 0 &&
+        connect(cx->udp_fd, (struct sockaddr *)&to, sizeof to) == 0 &&
+        getsockopt(cx->udp_fd, IPPROTO_IP, IP_MTU, &route_mtu, &sl) == 0 && route_mtu > 0 &&
+        (size_t)route_mtu < mtu)
+        mtu = (size_t)route_mtu;
+    *e = (struct path_mtu){.daddr = daddr, .ifindex = ifindex, .checked = (uint32_t)ts.tv_sec, .mtu = mtu};
+    return mtu;
 }
 
 /* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
  * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
  * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
- * the tagged mark. One the kernel does not take is counted and lost: TCP retransmits its range. */
-static void send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
+ * the tagged mark. One the kernel does not take is lost: TCP retransmits its range. Returns how
+ * many were refused for their size (EMSGSIZE: the path MTU fell since it was cached), which the
+ * caller counts or sends again; other refusals are counted here. */
+static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
 {
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
     union {
@@ -262,15 +289,31 @@ static void send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int 
             mm[i].msg_hdr.msg_control = ctl.b, mm[i].msg_hdr.msg_controllen = sizeof ctl.b;
         at += cx->seg_len[i];
     }
-    int sent = 0;
+    int sent = 0, too_big = 0;
     while (sent < nsegs) {
         int r = sendmmsg(cx->raw_fd, mm + sent, (unsigned)(nsegs - sent), 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
-            r = 1, cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
+        if (r <= 0) { /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
+            if (r < 0 && errno == EMSGSIZE)
+                too_big++;
+            else
+                cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
+            r = 1;
+        }
         sent += r;
     }
+    return too_big;
+}
+
+/* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
+static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn, size_t mtu, int *nsegs,
+                         uint64_t *tiers)
+{
+    *nsegs = 0;
+    return nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
+                             (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), mtu, cx->segs, sizeof cx->segs,
+                             cx->seg_len, nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream, sizeof cx->stream, tiers);
 }
 
 /* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
@@ -280,11 +323,8 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
                       size_t mtu, uint32_t ifindex, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
-    int nsegs = 0;
-    ptrdiff_t r = nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
-                                    (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), mtu, cx->segs,
-                                    sizeof cx->segs, cx->seg_len, &nsegs, GSO_MAX_SEGS, cx->scratch,
-                                    cx->stream, sizeof cx->stream, tiers);
+    int nsegs;
+    ptrdiff_t r = cut_gso(cx, p, isn, mtu, &nsegs, tiers);
     if (r <= NICD_TOO_SHORT) {
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -294,7 +334,22 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    send_segments(cx, p->daddr, ifindex, nsegs);
+    int too_big = send_segments(cx, p->daddr, ifindex, nsegs);
+    if (too_big) {
+        /* Refused for their size: the path MTU fell within the cached second. Look it up now and
+         * send the whole super-packet again, cut to it: the ranges already out arrive twice,
+         * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries). */
+        size_t fresh = egress_mtu(cx, ifindex, p->daddr, 1);
+        uint64_t t2[4] = {0, 0, 0, 0};
+        int n2;
+        ptrdiff_t r2 = fresh < mtu ? cut_gso(cx, p, isn, fresh, &n2, t2) : NICD_NOT_SMALLER;
+        if (r2 > NICD_TOO_SHORT) {
+            too_big = send_segments(cx, p->daddr, ifindex, n2);
+            r = r2, nsegs = n2;
+            memcpy(tiers, t2, sizeof tiers);
+        }
+    }
+    COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
@@ -341,7 +396,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
          * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
          * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
          * MTU. An unknown MTU (0) leaves it unchanged. */
-        size_t mtu = egress_mtu(cx, nfa);
+        size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), p.daddr, 0);
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
             return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
     }
@@ -491,7 +546,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     if (cx)
-        cx->raw_fd = -1;
+        cx->raw_fd = cx->udp_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -503,6 +558,10 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     cx->st = st;
     if (cfg->gso && (cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0) {
         fail(err, errlen, "gso: cannot open a raw IP socket (needs CAP_NET_RAW)", errno);
+        goto out;
+    }
+    if (cfg->gso && (cx->udp_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
+        fail(err, errlen, "gso: cannot open a datagram socket", errno);
         goto out;
     }
     if (!(h = nfq_open())) {
@@ -588,6 +647,8 @@ out:
         nfq_close(h);
     if (cx && cx->raw_fd >= 0)
         close(cx->raw_fd);
+    if (cx && cx->udp_fd >= 0)
+        close(cx->udp_fd);
     free(rbuf);
     free(cx);
     return rc;

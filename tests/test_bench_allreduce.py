@@ -16,17 +16,27 @@ from netns_helpers import needs_root
 def test_small_run_reports_every_allreduce(no_leaks, capsys):
     from inceptionn.cli import main
     rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "3",
-               "--scale-hosts", "2", "--scale-size", "1", "--impls", "ring,ring-nic,gloo",
+               "--scale-hosts", "2", "--scale-size", "1", "--impls", "ring,ring-nic,ring-app,ring-gso,gloo",
                "--reps", "1", "--json"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     link = r["links"][0]
     row = link["sizes"]["1"]
-    assert set(row) == {"ring", "ring-nic", "gloo"}
+    assert set(row) == {"ring", "ring-nic", "ring-app", "ring-gso", "gloo"}
     for impl, v in row.items():
         assert 0 < v["min"] <= v["median"] <= v["max"] < 60, (impl, v)
     assert row["ring"]["nmse"] < 1e-10 and row["gloo"]["nmse"] < 1e-10   # exact float32 sums
     assert 0 < row["ring-nic"]["nmse"] < 0.5                                # lossy, but the sum
+    # compressing in the collective gives the same sum as in the NIC (the same codec, scaling and
+    # error feedback on the same values; the NIC's reconstruction of a reconstruction is itself)
+    assert row["ring-app"]["nmse"] == pytest.approx(row["ring-nic"]["nmse"], rel=1e-6)
+    assert row["ring-gso"]["nmse"] == row["ring-nic"]["nmse"]
+    # who compressed: the daemons for ring-nic (per packet) and ring-gso (super-packets), nobody else
+    assert row["ring-nic"]["egress_compressed"] > 0 and row["ring-nic"]["gso_super_packets"] == 0
+    assert row["ring-gso"]["gso_super_packets"] > 0
+    assert row["ring-gso"]["egress_compressed"] >= row["ring-gso"]["gso_super_packets"]
+    for impl in ("ring", "ring-app", "gloo"):
+        assert row[impl]["egress_compressed"] == 0, (impl, row[impl])
     assert set(link["scaling"]["2"]) == {"ring-nic", "wa-nic"}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -145,7 +146,7 @@ def test_gso_stream_equals_reconstruction_with_fewer_packets(tmp_path, small, mt
         assert c2[key] == 0, (key, c2)
 
     # the same stream without gso: one compressed packet per MSS segment
-    got0, c1_0, _, packets0, _ = wire_run(tmp_path, small, mtu, tag="plain")
+    got0, c1_0, _, packets0, _ = wire_run(tmp_path, small, mtu, "--no-gso", tag="plain")
     assert_words_equal(got0, want, f"no gso, MTU {mtu}")
     assert c1_0["gso_super_packets"] == 0
     print(f"MTU {mtu}: {packets / small.nbytes * 1e6:.0f} data packets per MB with gso, "
@@ -268,35 +269,32 @@ def test_gso_incompressible_super_packets_leave_whole_and_arrive_intact(tmp_path
     assert c2["ingress_restored"] == 0
 
 
-# --- tests/test_nicd.py's end-to-end tests again, with --gso on every daemon they start ----------
+# --- tests/test_nicd.py's end-to-end tests again, packet by packet (--no-gso) -----------------
+# (test_nicd.py runs them on the default path, gso = "auto": on, since the tests run as root)
 
-EXISTING = {  # test -> (its parameters, the testbed MTU, None: its own)
-    "test_tagged_stream_equals_reconstruction": ({"k": -10}, None),
-    "test_tagged_and_untagged_in_parallel": ({}, None),
-    # at MTU 1500, so that the stream still takes over 100 compressed packets as the test wants
-    "test_unaligned_segments_and_odd_tail": ({"mss": 1001}, 1500),
-    "test_receiver_daemon_killed_fails_closed_and_recovers": ({}, None),
-    "test_sender_daemon_killed_flow_continues_raw": ({}, None),
-    "test_flow_started_before_daemons_stays_raw": ({}, None),
-    "test_hostile_packets_dropped_and_counted": ({}, None),
-    "test_stop_leaves_no_rule": ({}, None),
-}  # (test_random_loss: test_gso_random_loss above, with enough packets for the loss to hit)
+EXISTING = {  # test -> its parameters
+    "test_tagged_stream_equals_reconstruction": {"k": -10},
+    "test_tagged_and_untagged_in_parallel": {},
+    "test_unaligned_segments_and_odd_tail": {"mss": 1001},
+    "test_random_loss": {},
+    "test_receiver_daemon_killed_fails_closed_and_recovers": {},
+    "test_sender_daemon_killed_flow_continues_raw": {},
+    "test_flow_started_before_daemons_stays_raw": {},
+    "test_hostile_packets_dropped_and_counted": {},
+    "test_stop_leaves_no_rule": {},
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXISTING))
-def test_existing_end_to_end_tests_with_gso(name, tmp_path, request, monkeypatch):
+def test_existing_end_to_end_tests_per_packet(name, tmp_path, request, monkeypatch):
     import inspect
     start = test_nicd.Nicd.__init__
 
-    def with_gso(self, host, tmp, extra, tag=""):
-        start(self, host, tmp, [*extra, "--gso"], tag)
-    monkeypatch.setattr(test_nicd.Nicd, "__init__", with_gso)
-    params, mtu = EXISTING[name]
-    if mtu:
-        testbed = test_nicd.make_testbed
-        monkeypatch.setattr(test_nicd, "make_testbed", lambda hosts=2, rate=None, mtu_=mtu, **_: testbed(hosts, rate, mtu_))
+    def per_packet(self, host, tmp, extra, tag=""):
+        start(self, host, tmp, [*extra, "--no-gso"], tag)
+    monkeypatch.setattr(test_nicd.Nicd, "__init__", per_packet)
     test = getattr(test_nicd, name)
-    kwargs = dict(params, tmp_path=tmp_path)
+    kwargs = dict(EXISTING[name], tmp_path=tmp_path)
     for arg in inspect.signature(test).parameters:
         if arg not in kwargs:
             kwargs[arg] = request.getfixturevalue(arg)
@@ -323,3 +321,139 @@ def test_gso_through_conntrack_invalid_drops(tmp_path, small):
     assert_words_equal(got, recon(small, -10).tobytes(), "gso through an INVALID-drop firewall")
     assert c1["gso_super_packets"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
     assert invalid == [0, 0, 0], f"conntrack found INVALID packets: {invalid}"
+
+
+# --- a retransmission cut differently from what was lost -----------------------------------------
+
+# Records every compressed packet (DSCP 11) from SRC seen on IFACE, before netfilter: "seq covered"
+# per line, covered = the original bytes it restores to (head + 4 n + tail of its shim header).
+SNIFF = r"""
+import socket, struct, sys
+iface, src, out = sys.argv[1], socket.inet_aton(sys.argv[2]), sys.argv[3]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind((iface, 0))
+s.settimeout(0.2)
+print("ready", flush=True)
+with open(out, "w") as f:
+    while True:
+        try:
+            b = s.recv(70000)
+        except socket.timeout:
+            continue
+        ip = b[14:]
+        if len(ip) < 40 or ip[9] != 6 or ip[12:16] != src or ip[1] >> 2 != 11:
+            continue
+        ihl = (ip[0] & 15) * 4
+        seq = struct.unpack("!I", ip[ihl + 4:ihl + 8])[0]
+        c = ip[ihl + (ip[ihl + 12] >> 4) * 4:]
+        if len(c) >= 10:
+            f.write(f"{seq} {(c[2] & 3) + 4 * (c[4] | c[5] << 8) + (c[2] >> 2 & 3)} {len(ip)}\n")
+            f.flush()
+"""
+
+
+def test_gso_retransmission_cut_differently_arrives_exact(tmp_path, small):
+    """A burst of compressed packets is lost (dropped on the receiver's wire side once the sender
+    resumes after 1 MiB), and before their retransmission the route's MTU falls from 1500 to 1001
+    (MSS 949, not a multiple of 4): TCP retransmits the lost range in other pieces (one MSS after
+    the timeout, then super-packets of the new segment size), so the compressed packets of the
+    retransmission cover other byte ranges than the lost ones, some starting inside a float, and
+    they must fit the new path MTU. Captured on the receiver's wire (before netfilter): some
+    retransmitted packet overlaps a lost one without covering the same range. The stream arrives
+    as the codec's roundtrip, except floats that a cut split, which travel raw (the original)."""
+    from test_nicd import Transfer
+    x = small
+    pause = 1 << 20
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        cap = tmp_path / "capture.txt"
+        sniff = h2.popen([test_nicd.PY, "-c", SNIFF, h2.ifname, h1.ip, str(cap)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert sniff.stdout.readline().strip() == "ready"
+            with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+                t = Transfer(h1, h2, x.tobytes(), tmp_path, pause_at=pause)
+                try:
+                    t.wait_paused()
+                    t.wait_received(pause)
+                    drop = ["PREROUTING", "-i", h2.ifname, "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11",
+                            "-m", "comment", "--comment", "nt-burst", "-j", "DROP"]
+                    h2.run(["iptables", "-w", "5", "-t", "raw", "-I", *drop], check=True)
+                    t.go.touch()
+                    deadline = time.monotonic() + 10
+                    while rule_counts(h2, "burst")[0] == 0:
+                        assert time.monotonic() < deadline, "the sender sent nothing after the pause"
+                        time.sleep(0.01)
+                    time.sleep(0.3)  # the burst, and its first retransmission after the timeout, lost
+                    h1.run(["ip", "route", "add", f"{h2.ip}/32", "dev", h1.ifname, "mtu", "1001"], check=True)
+                    time.sleep(0.05)
+                    before_change = len(cap.read_text().splitlines())
+                    h2.run(["iptables", "-w", "5", "-t", "raw", "-D", *drop], check=True)
+                    got = t.finish()
+                finally:
+                    t.close()
+                c1, c2 = d1.counters(), d2.counters()
+        finally:
+            sniff.terminate()
+            sniff.wait()
+    seen = [tuple(map(int, line.split())) for line in cap.read_text().splitlines()]
+    isn = seen[0][0]  # stream offsets: the first compressed packet starts the stream
+    ranges = [((seq - isn) & 0xFFFFFFFF, (seq - isn + cov) & 0xFFFFFFFF) for seq, cov, _ in seen]
+    earlier, recut = set(), []
+    for start, end in ranges:
+        if (start, end) not in earlier and any(s < end and start < e for s, e in earlier):
+            recut.append((start, end))
+        earlier.add((start, end))
+    assert recut, f"no retransmission covered another range than what it resent ({len(ranges)} packets)"
+    assert any(s % 4 for s, _ in recut), f"no retransmitted packet started inside a float: {recut[:10]}"
+    after = [iplen for _, _, iplen in seen[before_change:]]
+    assert after and max(after) <= 1001, f"compressed packets over the new path MTU: {max(after)} bytes"
+    assert c1["gso_send_errors"] == 0, c1
+    assert c1["gso_super_packets"] > 0
+    assert all(c2[k] == 0 for k in DROPS), c2
+    g = np.frombuffer(got, np.uint32)
+    assert g.size == x.size
+    w, o = recon(x, -10).view(np.uint32), x.view(np.uint32)
+    differ = np.flatnonzero(g != w)
+    assert (g[differ] == o[differ]).all(), \
+        f"{(g[differ] != o[differ]).sum()} values are neither the reconstruction nor the original"
+    assert differ.size <= sum(1 for s, e in ranges if s % 4 or e % 4), differ.size
+
+
+class NicdWithoutRaw(test_nicd.Nicd):
+    """nicd started without CAP_NET_RAW (capsh drops it from the bounding set first)."""
+
+    def __init__(self, host, tmp_path, extra, tag=""):
+        import shlex
+        self.host = host
+        self.sock = tmp_path / f"{host.name}{tag}.sock"
+        self.log = tmp_path / f"{host.name}{tag}.log"
+        self.logf = open(self.log, "ab")
+        argv = [INC, "nicd", "-i", host.ifname, "--socket", str(self.sock), *extra]
+        self.proc = host.popen(["capsh", "--drop=cap_net_raw", "--", "-c", "exec " + shlex.join(argv)],
+                               stdout=self.logf, stderr=self.logf)
+
+
+def test_gso_auto_falls_back_per_packet_without_cap_net_raw(tmp_path, small):
+    """gso = "auto": the sender without CAP_NET_RAW says so in one warning line and compresses
+    packet by packet; the receiver, with it, runs gso; the stream arrives as the codec's roundtrip
+    (gso may differ between the ends)."""
+    conf = tmp_path / "auto.toml"
+    conf.write_text('gso = "auto"\n')
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        d1 = NicdWithoutRaw(h1, tmp_path, ["--config", str(conf)], "auto")
+        try:
+            d1.wait_ready()
+            with running_nicd(h2, tmp_path, "--config", conf, tag="auto") as d2:
+                got = transfer(h1, h2, small.tobytes(), tmp_path)
+                s1, s2 = test_nicd.stats(d1.sock), test_nicd.stats(d2.sock)
+        finally:
+            d1.terminate()
+    assert_words_equal(got, recon(small, -10).tobytes(), "gso auto, sender without CAP_NET_RAW")
+    warned = [line for line in d1.log_text().splitlines() if "WARNING" in line or "raw IP socket" in line]
+    assert len(warned) == 1 and "WARNING: gso: cannot open a raw IP socket" in warned[0], warned
+    assert not [line for line in (tmp_path / f"{h2.name}auto.log").read_text().splitlines() if "raw IP socket" in line]
+    assert s1["config"]["gso"] is False and s2["config"]["gso"] is True
+    c1 = s1["counters"]
+    assert c1["gso_super_packets"] == 0 and c1["egress_compressed"] > small.nbytes / 1448 / 2
+    assert s2["counters"]["ingress_restored"] == c1["egress_compressed"]

@@ -1,0 +1,44 @@
+"""``inceptionn bench nic`` end to end on one small unshaped link: the per-packet soft NIC, then
+nicd --gso with 1 and 2 queue pairs (--queues 1,2), two parallel streams; real daemons, real TCP
+in namespaces. The figures are not asserted (they depend on the machine), the counters behind
+them are: super-packets compressed, no drop, fewer wire packets than per packet, every stream's
+bytes counted, daemon CPU per GB measured at each end, one count per queue. Bad arguments give
+one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest_testbed import assert_one_line_error, needs_root, no_leaks, run_cli  # noqa: F401
+
+
+@needs_root
+def test_gso_with_one_and_two_queues(no_leaks, capsys):
+    from inceptionn.cli import main
+    rc = main(["bench", "nic", "--links", "unshaped@1500", "--gso", "--queues", "1,2", "--streams", "2",
+               "--rounds", "1", "--megabytes", "1", "--captures", "2", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    link = r["links"][0]
+    nbytes = 2 * link["bytes"]  # two streams, each the whole stream
+    assert link["nic_bytes"] == link["raw_bytes"] == nbytes
+    assert link["sender_s_per_gb"] > 0 and link["receiver_s_per_gb"] > 0
+    assert [g["queues"] for g in link["gso_runs"]] == [1, 2]
+    for g in link["gso_runs"]:
+        assert g["bytes"] == nbytes and g["gbps"][0] > 0
+        assert g["super_packets"] > 0 and g["send_errors"] == 0 and g["drops"] == {}, g
+        assert g["ratio"] > 3, g  # gradients compress ~6x
+        assert g["sender_s_per_gb"] > 0 and g["receiver_s_per_gb"] > 0
+        assert len(g["sender_queue_packets"]) == g["queues"] and sum(g["sender_queue_packets"]) > 0
+        assert g["packets"] < 0.6 * link["nic_packets"], (g["packets"], link["nic_packets"])
+    assert link["gso"] == link["gso_runs"][0]["gbps_median"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--queues", "1,x"], "--queues"),
+    (["--queues", "0"], "--queues"),
+    (["--streams", "0"], "--streams"),
+])
+def test_bad_arguments_give_one_line(args, needle):
+    assert_one_line_error(run_cli("bench", "nic", *args), needle)
