@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from conftest_testbed import assert_one_line_error, needs_root, no_leaks, run_cli  # noqa: F401
+from cli_helpers import assert_one_line_error, run_cli
+from netns_helpers import needs_root
 
 
 @needs_root

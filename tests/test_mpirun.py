@@ -182,7 +182,7 @@ def test_mpirun_on_one_host_and_dry_run(tb_name, mpi_grad):
         assert mca["btl_tcp_port_min_v4"] == str(BTL[0]) and mca["btl_tcp_port_range_v4"] == "100"
         assert mca["oob_tcp_if_include"] == "198.18.0.0/24" and mca["plm_rsh_no_tree_spawn"] == "1"
         assert argv.count("btl_tcp_if_include") == 1 and argv[argv.index("btl_tcp_if_include") + 1] == "eth0"  # the user's wins
-        assert f"INCEPTIONN_TAG=port=40000-40010,tos=0x28,override=keep" in argv
+        assert "INCEPTIONN_TAG=port=40000-40010,tos=0x28,override=keep" in argv
         assert argv[argv.index("--host") + 1] == f"{h1.ip}:1,{tb.hosts[1].ip}:1"
         assert plan["argv"][:4] == ["ip", "netns", "exec", h1.netns]
         assert plan["env"]["OMPI_ALLOW_RUN_AS_ROOT"] == "1"

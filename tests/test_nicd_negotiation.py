@@ -12,7 +12,6 @@ import struct
 import subprocess
 import time
 
-import numpy as np
 import pytest
 from test_nicd import (PEER, PY, Transfer, add_counting_rule, assert_words_equal, make_testbed, recon,
                        rule_counts, running_nicd, transfer)
