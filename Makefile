@@ -56,9 +56,9 @@ build/fuzz_%: codecs_c/fuzz/fuzz_%.c $(CODEC_SRC) $(CODEC_HDR)
 	clang $(CFLAGS_CHECK) -fsanitize=fuzzer $(SANITIZE) $< $(CODEC_SRC) -o $@
 
 # The soft NIC's packet transforms (they face the network): libFuzzer, ASan, UBSan.
-build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h $(CODEC_SRC) $(CODEC_HDR)
+build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h shim/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	clang $(CFLAGS_CHECK) -Idaemon -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
+	clang $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 
 # The tagging policy parser (user text from the environment, run in every preloaded process).
 build/fuzz_tag_policy: shim/fuzz/fuzz_tag_policy.c shim/tag_policy.c shim/tag_policy.h shim/inceptionn_contract.h

@@ -39,6 +39,7 @@ from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import parse_rate
 from ..procs import cpu_seconds
+from ..shim.contract import TOS_TAGGED
 
 PORT = 5201
 SYN_FRAME_BITS = (76 + 14) * 8  # a flood SYN (bench/synflood.py) as the link's shaper counts it
@@ -130,7 +131,7 @@ def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float,
     try:
         if f.stdout.readline().strip() != "ready":
             raise UserError(f"the SYN flood did not start: {f.stderr.read().strip()}")
-        result = transfer(sender, receiver, path, reps, 0x28, timeout, on_connected=go)
+        result = transfer(sender, receiver, path, reps, TOS_TAGGED, timeout, on_connected=go)
         f.terminate()
         out, _ = f.communicate(timeout=30)
         return result, int(out.split()[-1])  # "flooding", then "sent N"
@@ -150,7 +151,7 @@ def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues,
         cpu0, busy = [cpu_seconds(d.pid) for d in gd], 0.0
         for r in range(rounds):
             t0 = time.perf_counter()
-            timed_transfer(h1, h2, path, reps, 0x28, timeout, acc, "gso", streams)
+            timed_transfer(h1, h2, path, reps, TOS_TAGGED, timeout, acc, "gso", streams)
             busy += time.perf_counter() - t0
             log(f"{label} gso {queues} queue(s) round {r + 1}: soft NIC --gso {acc['gso_gbps'][-1]:.3f} Gbit/s")
         cpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, cpu0)]
@@ -199,7 +200,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         for r in range(rounds):
             timed_transfer(h1, h2, path, reps, 0, timeout, res, "raw", streams)
             t0 = time.perf_counter()
-            timed_transfer(h1, h2, path, reps, 0x28, timeout, res, "nic", streams)
+            timed_transfer(h1, h2, path, reps, TOS_TAGGED, timeout, res, "nic", streams)
             busy += time.perf_counter() - t0
             log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC {res['nic_gbps'][-1]:.3f} Gbit/s")
             if flood_pps:
@@ -234,7 +235,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
                 for h, s in zip((h1, h2), socks):
                     acc.enter_context(nicd(h, s, error_bound, accept_only=True, gso=False))
                 for r in range(rounds):
-                    a = transfer(h1, h2, path, reps, 0x28, timeout)
+                    a = transfer(h1, h2, path, reps, TOS_TAGGED, timeout)
                     res["accept_only_gbps"].append(8 * a["bytes"] / a["seconds"] / 1e9)
                     log(f"{label} accept-only round {r + 1}: {res['accept_only_gbps'][-1]:.3f} Gbit/s")
     if not flood_pps:  # (the flood's transfers ran in the same window)

@@ -21,9 +21,10 @@ import struct
 import sys
 import time
 
+from ..shim.contract import TOS_COMPRESSED, TOS_HELLO, TOS_TAGGED
+
 TESTBED_NET = ipaddress.ip_network("198.18.0.0/15")  # kernel_tc.testbed.BENCHMARK_NET
 POOL = 65536  # distinct packets built; a longer flood cycles through them
-TOS_HELLO, TOS_COMPRESSED, TOS_TAGGED = 0x30, 0x2C, 0x28
 # A Linux SYN's options: MSS, SACK permitted, timestamps, NOP, window scale (20 bytes).
 LINUX_SYN_OPTIONS = struct.pack("!BBH BB BBII B BBB", 2, 4, 1460, 4, 2, 8, 10, 1, 0, 1, 3, 3, 7)
 

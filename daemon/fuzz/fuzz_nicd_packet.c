@@ -9,6 +9,7 @@
  * it must give back the same bytes.
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
+#include "inceptionn_contract.h"
 #include "nicd_packet.h"
 
 #include <stdlib.h>
@@ -36,7 +37,7 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off)
             struct nicd_pkt c;
             if (len[i] > mtus[m] || nicd_parse(segs + at, len[i], &c) != NICD_OK || c.seq != (uint32_t)(p->seq + covered))
                 abort();
-            ptrdiff_t b = nicd_restore(&c, 0x28, back, sizeof back, scratch);
+            ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
             if (b <= 0 || c.payload_len >= (size_t)b - c.payload_off)
                 abort(); /* restores, and was smaller than what it covers */
             covered += (size_t)b - c.payload_off;
@@ -64,7 +65,7 @@ static void check_option(const struct nicd_pkt *p)
     }
     struct nicd_hello_opt mine = {.version = 1, .role = NICD_ROLE_HELLO, .codec = 1, .tos_compressed = 0x2C,
                                   .orig_tos = p->tos, .error_bound = -10, .nonce = {1, 2, 3, 4, 5, 6}};
-    ptrdiff_t a = nicd_add_option(p, &mine, 0x30, out, sizeof out);
+    ptrdiff_t a = nicd_add_option(p, &mine, INCEPTIONN_TOS_HELLO, out, sizeof out);
     if (a < 0)
         return;
     struct nicd_pkt q;
@@ -87,7 +88,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (nicd_parse(pkt, size, &p) == NICD_OK) {
         if (p.len > size || p.payload_off + p.payload_len != p.len)
             abort();
-        nicd_restore(&p, 0x28, out, sizeof out, scratch);
+        nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
         if (p.payload_len >= NICD_HDR_LEN) {
             uint8_t *c = pkt + p.payload_off;
             memset(c + 6, 0, 4);
@@ -98,7 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pkt[p.ihl + 16] = pkt[p.ihl + 17] = 0;
         uint16_t sum = nicd_tcp_checksum(pkt, p.len);
         memcpy(pkt + p.ihl + 16, &sum, 2);
-        nicd_restore(&p, 0x28, out, sizeof out, scratch);
+        nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
         check_option(&p);
         check_gso(&p, (uint32_t)size & 3);
         for (uint32_t off = 0; off < 4; off++) {
@@ -109,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 struct nicd_pkt c;
                 if (nicd_parse(out, (size_t)r, &c) != NICD_OK)
                     abort();
-                ptrdiff_t b = nicd_restore(&c, 0x28, back, sizeof back, scratch);
+                ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
                 if (b != (ptrdiff_t)p.len)
                     abort(); /* what we compress must restore to the original length */
             }
