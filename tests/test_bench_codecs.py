@@ -14,6 +14,7 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from netns_helpers import needs_root
 from inceptionn.bench import codecs as bc
+from inceptionn.bench.codecs_report import format_table
 from inceptionn.cli import main
 from inceptionn.errors import UserError
 
@@ -65,7 +66,7 @@ def test_every_row_has_sane_numbers(report):
 
 
 def test_text_table(report):
-    text = bc.format_table(report)
+    text = format_table(report)
     for row in bc.ROWS:
         assert row.label in text
     assert "39.4x (Table 2)" in text and "21.3x" in text
