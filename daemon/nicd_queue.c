@@ -240,7 +240,9 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int f
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    struct path_mtu *e = &cx->mtus[(daddr ^ (daddr >> 16) ^ ifindex) % MTU_CACHE];
+    /* every bit of the address counts: the peers of one host usually share a /24 */
+    uint32_t h = (ntohl(daddr) ^ ifindex) * 0x9E3779B1u;
+    struct path_mtu *e = &cx->mtus[(h >> 16) % MTU_CACHE];
     if (!fresh && e->daddr == daddr && e->ifindex == ifindex && e->checked == (uint32_t)ts.tv_sec &&
         e->checked)
         return e->mtu;
@@ -265,10 +267,12 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int f
 /* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
  * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
  * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
- * the tagged mark. One the kernel does not take is lost: TCP retransmits its range. Returns how
- * many were refused for their size (EMSGSIZE: the path MTU fell since it was cached), which the
- * caller counts or sends again; other refusals are counted here. */
-static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs)
+ * the tagged mark. One the kernel does not take is lost: TCP retransmits its range. The packets
+ * the kernel took are counted here (compressed, wire bytes without headers of hdr_len), so the
+ * counters match what the receiver can restore. Returns how many were refused for their size
+ * (EMSGSIZE: the path MTU fell since it was cached), which the caller counts or sends again;
+ * other refusals are counted here. */
+static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs, size_t hdr_len)
 {
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
     union {
@@ -299,7 +303,12 @@ static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int n
                 too_big++;
             else
                 cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
-            r = 1;
+            sent++;
+            continue;
+        }
+        for (int i = sent; i < sent + r; i++) {
+            COUNT(cx, EGRESS_COMPRESSED, 1);
+            COUNT(cx, EGRESS_WIRE_BYTES, cx->seg_len[i] - hdr_len);
         }
         sent += r;
     }
@@ -334,26 +343,28 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    int too_big = send_segments(cx, p->daddr, ifindex, nsegs);
+    int too_big = send_segments(cx, p->daddr, ifindex, nsegs, p->payload_off);
     if (too_big) {
         /* Refused for their size: the path MTU fell within the cached second. Look it up now and
          * send the whole super-packet again, cut to it: the ranges already out arrive twice,
-         * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries). */
+         * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries).
+         * Only what is then still refused counts as a send error: nothing else is lost. */
         size_t fresh = egress_mtu(cx, ifindex, p->daddr, 1);
         uint64_t t2[4] = {0, 0, 0, 0};
         int n2;
         ptrdiff_t r2 = fresh < mtu ? cut_gso(cx, p, isn, fresh, &n2, t2) : NICD_NOT_SMALLER;
-        if (r2 > NICD_TOO_SHORT) {
-            too_big = send_segments(cx, p->daddr, ifindex, n2);
-            r = r2, nsegs = n2;
-            memcpy(tiers, t2, sizeof tiers);
+        if (r2 <= NICD_TOO_SHORT) {
+            /* No cut fits (or the MTU did not fall): the original leaves whole and raw, and the
+             * kernel segments it; the ranges that did leave compressed arrive twice. */
+            COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+            return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
         }
+        too_big = send_segments(cx, p->daddr, ifindex, n2, p->payload_off);
+        memcpy(tiers, t2, sizeof tiers);
     }
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
-    COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
-    COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - (size_t)nsegs * p->payload_off);
     COUNT(cx, TIER0, tiers[0]);
     COUNT(cx, TIER8, tiers[1]);
     COUNT(cx, TIER16, tiers[2]);
