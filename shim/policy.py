@@ -109,9 +109,13 @@ def check_policy(text: str) -> Policy:
     try:
         return parse_policy(text)
     except PolicyError as exc:
-        shown = text if len(text) <= 200 else text[:200] + "..."
-        shown = "".join(c if " " <= c <= "~" else "?" for c in shown)
-        raise UserError(f"bad tag policy '{shown}': {exc}") from None
+        raise UserError(f"bad tag policy '{_shown(text)}': {exc}") from None
+
+
+def _shown(text: str) -> str:
+    """A user's value as an error line may print it: at most 200 characters, printable ASCII."""
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    return "".join(c if " " <= c <= "~" else "?" for c in shown)
 
 
 # --- INCEPTIONN_TAG_LOG ---------------------------------------------------------------------------
@@ -121,5 +125,5 @@ def check_log(value: str) -> str:
     raw = value.encode("utf-8", "surrogatepass")
     level, path = ffi.new("int *"), ffi.new("char[]", lib.TAG_LOG_PATH_MAX)
     if lib.tag_log_parse(raw, len(raw), level, path, len(path)) != 0:
-        raise UserError(f"bad tag log '{value}': use 0, 1, 2, an absolute file path, or LEVEL:PATH")
+        raise UserError(f"bad tag log '{_shown(value)}': use 0, 1, 2, an absolute file path, or LEVEL:PATH")
     return value

@@ -129,11 +129,12 @@ int tag_policy_parse(const char *text, size_t total, struct tag_policy *p, char 
     memset(p, 0, sizeof *p);
     p->tos = -1;
     p->keep = -1;
-    if (total > TAG_POLICY_MAX_LEN)
-        return fail(err, n, "policy too long (%zu characters, at most %d)", total, TAG_POLICY_MAX_LEN);
-    for (size_t i = 0; i < total; i++)
+    /* characters first: the length below then counts characters, not bytes of UTF-8 */
+    for (size_t i = 0; i < total && i <= TAG_POLICY_MAX_LEN; i++)
         if ((unsigned char)text[i] < 0x20 || (unsigned char)text[i] > 0x7e)
             return fail(err, n, "non-printable or non-ASCII character at position %zu", i);
+    if (total > TAG_POLICY_MAX_LEN)
+        return fail(err, n, "policy too long (%zu characters, at most %d)", total, TAG_POLICY_MAX_LEN);
     size_t blank = 0;
     while (blank < total && text[blank] == ' ')
         blank++;
