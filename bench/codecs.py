@@ -168,7 +168,7 @@ def make_codec(row: Row, seed: int, ef: bool | None = None):
     ef = row.ef if ef is None else ef
     # the seeds of codecs that draw random numbers, and whether error feedback runs
     p = applicable(row.codec, seed=seed, noise_seed=seed, error_feedback=ef)
-    return get_codec(row.codec, **p, **row.params), (ErrorFeedback() if ef else None)
+    return get_codec(row.codec, **{**p, **row.params}), (ErrorFeedback() if ef else None)
 
 
 def encode(codec, memory, x: np.ndarray, key: str) -> bytes:

@@ -94,8 +94,7 @@ class Codec(ABC):
 
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
         """What a receiver decodes for ``x``: the basis of error feedback."""
-        x = check_vector(x)
-        return self.decode(self.encode(x), x.size)
+        return self.encode_decoded(x)[1]
 
     def reconstruct(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``roundtrip(x)`` with +0.0 for every zero (into ``out`` if given; it may be ``x``).

@@ -43,6 +43,7 @@ class ThreeLCCodec(Codec):
 
     name = "3lc"
     wants_error_feedback = True  # specified with an error-accumulation buffer
+    thread_safe = True           # no state between calls: buffers are per call
 
     def __init__(self, sparsity: float = 1.0, zre: bool = True, impl: str = "auto"):
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.integer, np.floating)):
@@ -80,9 +81,6 @@ class ThreeLCCodec(Codec):
     def encode_decoded(self, x: np.ndarray) -> tuple[bytes, np.ndarray]:
         """The stream and ``M*Q`` (what a receiver decodes) from one C pass."""
         return self._quantize(check_vector(x))
-
-    def roundtrip(self, x: np.ndarray) -> np.ndarray:
-        return self._quantize(check_vector(x))[1]
 
     def encoded_size(self, x: np.ndarray) -> int:
         """Bytes of the stateless ``encode(x)`` (zero runs depend on the data: quantizes)."""

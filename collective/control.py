@@ -36,8 +36,11 @@ def codec_id(codec) -> int:
     """What the plan says about a codec: its name and public scalar parameters, hashed (0: none)."""
     if codec is None:
         return 0
+    # traits are how this rank runs the codec (the collective's own error_feedback= decides what
+    # runs), not what goes on the wire: ranks may differ in them
     params = sorted((k, v) for k, v in vars(codec).items()
-                    if not k.startswith("_") and k != "impl" and isinstance(v, (int, float, str, bool)))
+                    if not k.startswith("_") and k != "impl" and k not in codec.TRAITS
+                    and isinstance(v, (int, float, str, bool)))
     return zlib.crc32(f"{codec.name}:{params}".encode()) & 0x7FFFFFFF
 
 

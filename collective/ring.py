@@ -120,11 +120,12 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                         if sink is not None:
                             sink.record(a, b, chunk, q)
                         send.send(q)                     # a fixed point: arrives as q, compressed or not
-                    else:
-                        blob = timed("codec", codec.encode, chunk)
-                        if sink is not None:
-                            sink.record(a, b, chunk, timed("codec", codec.decode, blob, b - a))
+                    elif sink is not None:               # error feedback: the stream and its decode
+                        blob, q = timed("codec", codec.encode_decoded, chunk)
+                        sink.record(a, b, chunk, q)
                         send.send_frame(blob)
+                    else:
+                        send.send_frame(timed("codec", codec.encode, chunk))
                 else:                                    # phase 2: reduced values, forwarded as they are
                     if mode == "app":
                         send.send_frame(blobs.pop(j - first))
@@ -159,8 +160,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                             sink.record(a, b, dst, q)
                         dst[:] = q
                     elif mode == "app":
-                        blob = timed("codec", codec.encode, dst)
-                        q = timed("codec", codec.decode, blob, b - a)
+                        blob, q = timed("codec", codec.encode_decoded, dst)  # q is what the others decode
                         if sink is not None:
                             sink.record(a, b, dst, q)
                         dst[:] = q

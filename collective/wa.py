@@ -47,9 +47,11 @@ def worker_send(work: np.ndarray, conn: Conn, *, chunk_values: int, mode: str, c
             conn.send(q)
         else:
             t = time.perf_counter()
-            blob = codec.encode(chunk)
-            if sink is not None:
-                sink.record(a, b, chunk, codec.decode(blob, b - a))
+            if sink is not None:  # error feedback: the stream and its decode
+                blob, q = codec.encode_decoded(chunk)
+                sink.record(a, b, chunk, q)
+            else:
+                blob = codec.encode(chunk)
             timers.add("codec", time.perf_counter() - t)
             conn.send_frame(blob)
 
