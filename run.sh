@@ -16,6 +16,7 @@ APT_PACKAGES=(
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
   systemd systemd-container                              # the unit: systemd-analyze, nspawn test
   strace                                                 # the shim test: no extra syscalls untagged
+  libcap2-bin                                            # capsh: nicd without CAP_NET_RAW (gso auto)
 )
 
 missing=()

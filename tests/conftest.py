@@ -19,6 +19,8 @@ def no_leaks():
     yield
     after = snapshot()
     assert after["netns"] == [], f"namespaces left behind: {after['netns']}"
+    new = sorted(set(after["all_netns"]) - set(before["all_netns"]))
+    assert not new, f"namespaces left behind: {new}"
     assert after["root_links"] == before["root_links"], "links appeared/vanished in the root namespace"
     assert after["root_qdiscs"] == before["root_qdiscs"], "root namespace qdiscs changed"
     assert after["root_rules"] == before["root_rules"], "iptables rules changed in the root namespace"

@@ -45,6 +45,8 @@ def _root_inceptionn_rules() -> list[str]:
 def snapshot() -> dict:
     return {
         "netns": ns.list_netns(f"inc-{SESSION_TAG}"),
+        # every testbed's namespaces, also those of benchmarks that name their own (bnic<pid>, bar<pid>)
+        "all_netns": ns.list_netns("inc-"),
         "root_links": _root_links(),
         "root_qdiscs": _root_qdiscs(),
         "root_rules": _root_inceptionn_rules(),
