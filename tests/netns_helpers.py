@@ -114,3 +114,14 @@ def ping_loss(src, dst_ip: str, count: int) -> tuple[int, int]:
             parts = line.split(",")
             return int(parts[0].split()[0]), int(parts[1].split()[0])
     raise AssertionError(f"no ping summary: {proc.stdout} {proc.stderr}")
+
+
+def wait_until(pred, timeout: float = 10.0, step: float = 0.05) -> bool:
+    """Poll ``pred`` until it holds (True) or ``timeout`` seconds pass (False): for counters and
+    logs that a daemon updates a little after the event a test caused."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True

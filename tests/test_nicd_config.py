@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from netns_helpers import wait_until
 
 INC = str(Path(sys.executable).parent / "inceptionn")
 IFACE = 'interfaces = ["ntnone0"]\n'
@@ -133,15 +134,6 @@ def _error_bound(sock) -> int:
     return json.loads(r.stdout)["config"]["error_bound"]
 
 
-def _wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 @contextlib.contextmanager
 def _nicd_on_one_host(tmp_path, name, cfg_text):
     """A real nicd on a 1-host testbed, with its config file, socket and log in tmp_path; yields
@@ -153,7 +145,7 @@ def _nicd_on_one_host(tmp_path, name, cfg_text):
         (h,) = tb.hosts
         p = h.popen([INC, "nicd", "--config", str(cfg)], stdout=logf, stderr=logf)
         try:
-            assert _wait_for(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 30), log.read_text()
+            assert wait_until(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 30), log.read_text()
             assert p.poll() is None, log.read_text()
             assert _error_bound(sock) == -10
             yield p, cfg, sock, log
@@ -169,11 +161,11 @@ def test_sighup_reload_changes_error_bound(tmp_path):
     with _nicd_on_one_host(tmp_path, "ntc", "error_bound = -10\n") as (p, cfg, sock, log):
         cfg.write_text(body + "error_bound = -7\n")
         p.send_signal(signal.SIGHUP)
-        assert _wait_for(lambda: _error_bound(sock) == -7), log.read_text()
+        assert wait_until(lambda: _error_bound(sock) == -7), log.read_text()
         # a bad file on reload is refused and the running config kept
         cfg.write_text(body + "error_bound = 5\n")
         p.send_signal(signal.SIGHUP)
-        assert _wait_for(lambda: b"reload refused" in log.read_bytes()), log.read_text()
+        assert wait_until(lambda: b"reload refused" in log.read_bytes()), log.read_text()
         assert p.poll() is None
         assert _error_bound(sock) == -7
         p.send_signal(signal.SIGTERM)
@@ -227,7 +219,7 @@ def test_stats_socket_survives_running_out_of_descriptors(tmp_path):
             waiting = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
             waiting.settimeout(10)
             waiting.connect(str(sock))  # queued in the backlog; accept() fails with EMFILE
-            assert _wait_for(lambda: b"accept failed" in log.read_bytes()), log.read_text()
+            assert wait_until(lambda: b"accept failed" in log.read_bytes()), log.read_text()
             time.sleep(0.5)  # a few more failed rounds (backing off, not spinning)
         finally:
             resource.prlimit(p.pid, resource.RLIMIT_NOFILE, limits)

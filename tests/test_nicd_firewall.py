@@ -15,12 +15,12 @@ import os
 import re
 import signal
 import textwrap
-import time
 
 import pytest
 
 from test_nicd import (INC, PY, assert_words_equal, iptables_save, make_testbed, recon, running_nicd,
                        transfer)
+from netns_helpers import wait_until
 from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted, raw_prerouting
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
@@ -90,12 +90,12 @@ def test_only_segments_with_a_payload_are_queued_or_dropped(tmp_path):
             for kind in NOT_COMPRESSED:
                 before, queued = reached_stack(), d2.counters()["ingress_packets"]
                 craft(kind)
-                assert _settle(lambda: reached_stack() - before == per_kind), (kind, reached_stack() - before)
+                assert wait_until(lambda: reached_stack() - before == per_kind, 5.0), (kind, reached_stack() - before)
                 assert d2.counters()["ingress_packets"] == queued, f"{kind} went to the queue"
             for kind in MAYBE_COMPRESSED:
                 before, c = reached_stack(), d2.counters()
                 craft(kind)
-                assert _settle(lambda: d2.counters()["ingress_packets"] - c["ingress_packets"] == per_kind), kind
+                assert wait_until(lambda: d2.counters()["ingress_packets"] - c["ingress_packets"] == per_kind, 5.0), kind
                 after = d2.counters()
                 drops = sum(after[k] - c[k] for k in c if k.startswith("drop_"))
                 assert drops == per_kind and after["ingress_restored"] == c["ingress_restored"], (kind, after)
@@ -104,21 +104,12 @@ def test_only_segments_with_a_payload_are_queued_or_dropped(tmp_path):
         for kind in NOT_COMPRESSED:
             before = reached_stack()
             craft(kind)
-            assert _settle(lambda: reached_stack() - before == per_kind), (kind, reached_stack() - before)
+            assert wait_until(lambda: reached_stack() - before == per_kind, 5.0), (kind, reached_stack() - before)
         for kind in MAYBE_COMPRESSED:
             dropped, before = counted(h2, DROP_COMMENT, "raw")[0], reached_stack()
             craft(kind)
-            assert _settle(lambda: counted(h2, DROP_COMMENT, "raw")[0] - dropped == per_kind), kind
+            assert wait_until(lambda: counted(h2, DROP_COMMENT, "raw")[0] - dropped == per_kind, 5.0), kind
             assert reached_stack() == before, kind
-
-
-def _settle(pred, timeout=5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _instance_rules(host, base) -> list[str]:
