@@ -11,7 +11,8 @@ variance ``(a-l)(u-a)``; so the objective is a sum over consecutive level pairs 
     c(l, u) = integral_l^u (a - l)(u - a) phi(a) da
 
 and the exact optimum over all ``C(g-1, 2^b-2)`` tables follows from a shortest path over the
-grid (dynamic programming, ``O(2^b g^2)``), where the paper used a specialised ILP solver. The
+grid (dynamic programming, ``O(2^b g^2)``), where the paper used a specialised ILP solver. Tied
+optima (mirror images) are broken by a rule that no CPU's rounding can change: ``canonical_table``. The
 truncated normal's normalising constant does not change the argmin and is left out. Levels are
 returned as grid indices: ``T[0] = 0 < T[1] < ... < T[2^b-1] = g``.
 
@@ -39,11 +40,18 @@ GENERATED = "thc_table_generated.py"   # the file main() writes
 _GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(24)  # exact for the polynomial part
 
 
+# t_p is rounded to this grid: NormalDist's inverse CDF calls the C library's log, which glibc
+# picks per CPU (FMA or not) and may round differently in the last bit; the header's range M and
+# the codec_id the ranks compare are computed from t_p, so every host must get the same float.
+_T_P_GRID = 2.0**-40
+
+
 def t_p(p: float) -> float:
-    """The truncation threshold: ``Phi^-1(1 - p/2)`` (a p fraction of N(0,1) lies outside)."""
+    """The truncation threshold: ``Phi^-1(1 - p/2)`` (a p fraction of N(0,1) lies outside),
+    rounded to a multiple of 2^-40 so that it does not depend on the CPU."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p}")
-    return NormalDist().inv_cdf(1.0 - p / 2.0)
+    return round(NormalDist().inv_cdf(1.0 - p / 2.0) / _T_P_GRID) * _T_P_GRID
 
 
 def interval_costs(g: int, p: float) -> np.ndarray:
@@ -64,27 +72,46 @@ def interval_costs(g: int, p: float) -> np.ndarray:
     return cost
 
 
+# Tables whose objectives lie within this relative distance of the best count as tied. The
+# problem is symmetric (grid and pdf), so an asymmetric optimum always has a mirror image with the
+# same objective; floating point sees the two a few ulps apart, in an order set by the CPU's exp,
+# the BLAS behind the quadrature nodes and the summation order. Measured over the shipped grid:
+# tied tables differ by at most 1.1e-15 (relative), distinct ones by at least 2.4e-5, so 1e-9
+# separates them with many orders of magnitude to spare (tests/test_codec_thc.py checks this).
+TIE_TOLERANCE = 1e-9
+
+
+def canonical_table(cost: np.ndarray, levels: int) -> tuple[int, ...]:
+    """Among the tables of ``levels`` levels from grid point 0 to the last whose objective (sum of
+    ``cost`` over consecutive levels) is within ``TIE_TOLERANCE`` of the minimum, the
+    lexicographically largest: the same on every machine, and for (4, 30, 1/32) the table the THC
+    paper publishes. ``tail[k][i]`` is the cheapest way from grid point ``i`` to the last in ``k``
+    intervals (a shortest path); the table is then chosen greedily, level by level, as the
+    largest next point from which a near-optimal completion still exists."""
+    g = cost.shape[0] - 1
+    tail = [np.full(g + 1, np.inf)]
+    tail[0][g] = 0.0
+    for _ in range(levels - 1):
+        tail.append(np.min(cost + tail[-1][None, :], axis=1))
+    bound = tail[levels - 1][0] * (1.0 + TIE_TOLERANCE)
+    table, spent = [0], 0.0
+    for left in range(levels - 2, -1, -1):      # intervals still to place after this one
+        here = table[-1]
+        ok = np.nonzero(spent + cost[here] + tail[left] <= bound)[0]
+        table.append(int(ok[-1]))
+        spent += cost[here, table[-1]]
+    assert table[-1] == g and all(a < b for a, b in zip(table, table[1:])), table
+    return tuple(table)
+
+
 def optimal_table(bits: int, g: int, p: float) -> tuple[int, ...]:
-    """The optimal ``T_{b,g,p}`` as grid indices (exact, by dynamic programming)."""
+    """The optimal ``T_{b,g,p}`` as grid indices (exact up to ``TIE_TOLERANCE``, by dynamic
+    programming; ties broken the same way on every machine, see ``canonical_table``)."""
     _check(bits, g)
     levels = 1 << bits
     if levels == 2:
         return (0, g)
-    cost = interval_costs(g, p)
-    best = np.full(g + 1, np.inf)
-    best[0] = 0.0
-    back = []
-    for _ in range(levels - 1):  # each step adds one interval ending at j
-        total = best[:, None] + cost  # total[i, j]: path to i, then the interval i -> j
-        arg = np.argmin(total, axis=0)  # first minimum: deterministic tie-breaking
-        best = total[arg, np.arange(g + 1)]
-        back.append(arg)
-    table = [g]
-    for arg in reversed(back):
-        table.append(int(arg[table[-1]]))
-    table.reverse()
-    assert table[0] == 0 and all(a < b for a, b in zip(table, table[1:])), table
-    return tuple(table)
+    return canonical_table(interval_costs(g, p), levels)
 
 
 def expected_variance(table, g: int, p: float) -> float:

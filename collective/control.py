@@ -33,14 +33,17 @@ REDUCE_OPS = {"max": 0, "min": 1, "sum": 2}
 
 
 def codec_id(codec) -> int:
-    """What the plan says about a codec: its name and public scalar parameters, hashed (0: none)."""
+    """What the plan says about a codec: its name and public parameters (scalars and tuples of
+    them, such as THC's lookup table), hashed (0: none). Ranks compare it at the first call, so a
+    table or threshold computed differently on another host is an error there, never a wrong sum."""
     if codec is None:
         return 0
     # traits are how this rank runs the codec (the collective's own error_feedback= decides what
     # runs), not what goes on the wire: ranks may differ in them
+    scalar = (int, float, str, bool)
     params = sorted((k, v) for k, v in vars(codec).items()
                     if not k.startswith("_") and k != "impl" and k not in codec.TRAITS
-                    and isinstance(v, (int, float, str, bool)))
+                    and (isinstance(v, scalar) or isinstance(v, tuple) and all(isinstance(e, scalar) for e in v)))
     return zlib.crc32(f"{codec.name}:{params}".encode()) & 0x7FFFFFFF
 
 

@@ -29,13 +29,16 @@ def bucket_maxima(x: np.ndarray, bucket: int = BUCKET_VALUES) -> np.ndarray:
 
 
 def exponents(maxima: np.ndarray, headroom: int) -> np.ndarray:
-    """The largest s per bucket with ``headroom * max * 2^s < 1`` (0 for zero, inf or NaN)."""
+    """The largest s per bucket with ``headroom * max * 2^s < 1`` (0 for zero, inf or NaN).
+
+    Read off the float's exponent (``peak = m * 2^e`` with ``0.5 <= m < 1``, so ``s = -e``), not
+    computed with log2: numpy's log2 is a SIMD routine picked per CPU whose last bit may differ,
+    and every rank must derive the same exponents from the same agreed maxima."""
     peak = np.asarray(maxima, dtype=np.float64) * float(headroom)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        s = np.floor(-np.log2(peak))
-        s = s - (peak * np.exp2(s) >= 1.0)      # step down once where floor() landed on a power of two
-        s[~np.isfinite(s) | ~np.isfinite(peak)] = 0
-    return np.clip(s, -MAX_EXPONENT, MAX_EXPONENT).astype(np.int64)
+    _, e = np.frexp(peak)
+    s = -e.astype(np.int64)
+    s[(peak == 0) | ~np.isfinite(peak)] = 0
+    return np.clip(s, -MAX_EXPONENT, MAX_EXPONENT)
 
 
 def apply(x: np.ndarray, exps: np.ndarray, bucket: int = BUCKET_VALUES, *, inverse: bool = False) -> None:

@@ -61,6 +61,84 @@ def test_shipped_tables_equal_a_fresh_computation():
         assert len(t) == 1 << bits and t[0] == 0 and t[-1] == g and all(a < b for a, b in zip(t, t[1:]))
 
 
+def _all_shipped_costs():
+    for bits in gen.SHIPPED_BITS:
+        for g in range((1 << bits) - 1, gen.SHIPPED_MAX_GRANULARITY + 1):
+            for p in gen.SHIPPED_P:
+                if bits > 1:
+                    yield (bits, g, p), gen.interval_costs(g, p)
+
+
+def test_ties_and_distinct_optima_are_far_apart():
+    """Why the canonical choice cannot flip with the CPU: at every level the solver places, the
+    candidates it treats as tied are within 1e-12 of the best objective (float noise: mirror
+    images), and the others at least 1e-7 worse, far on either side of TIE_TOLERANCE."""
+    worst_tie, closest_other = 0.0, np.inf
+    for (bits, g, p), cost in _all_shipped_costs():
+        levels = 1 << bits
+        tail = [np.full(g + 1, np.inf)]
+        tail[0][g] = 0.0
+        for _ in range(levels - 1):
+            tail.append(np.min(cost + tail[-1][None, :], axis=1))
+        best = tail[-1][0]
+        spent, table = 0.0, TABLES[(bits, g, p)]
+        for here, nxt, left in zip(table, table[1:], range(levels - 2, -1, -1)):
+            excess = (spent + cost[here] + tail[left]) / best - 1.0
+            excess = excess[np.isfinite(excess)]
+            worst_tie = max(worst_tie, excess[excess < gen.TIE_TOLERANCE].max())
+            others = excess[excess >= gen.TIE_TOLERANCE]
+            closest_other = min(closest_other, others.min()) if others.size else closest_other
+            spent += cost[here, nxt]
+    assert worst_tie < 1e-12 and closest_other > 1e-7, (worst_tie, closest_other)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tables_survive_rounding_noise_in_the_objective(seed):
+    """Every shipped table comes out the same when each interval cost moves by a few ulps (what
+    another exp, another BLAS kernel for the quadrature nodes, or another summation order does)."""
+    rng = np.random.default_rng(seed)
+    for key, cost in _all_shipped_costs():
+        noisy = cost * (1.0 + rng.uniform(-8, 8, cost.shape) * np.finfo(np.float64).eps)
+        assert gen.canonical_table(noisy, 1 << key[0]) == TABLES[key], key
+
+
+def test_tables_from_another_summation_order():
+    """The quadrature summed in reverse node order (a different rounding of every cost)."""
+    nodes, weights = gen._GL_NODES, gen._GL_WEIGHTS
+    try:
+        gen._GL_NODES, gen._GL_WEIGHTS = nodes[::-1].copy(), weights[::-1].copy()
+        assert gen.shipped_tables() == TABLES
+    finally:
+        gen._GL_NODES, gen._GL_WEIGHTS = nodes, weights
+
+
+def test_tables_with_numpy_simd_and_blas_kernels_limited():
+    """The shipped file, regenerated in a process whose numpy runs its baseline (no AVX2/AVX-512
+    exp) and whose OpenBLAS runs its oldest x86-64 kernels (the quadrature nodes' eigensolver)."""
+    import os
+    import subprocess
+    import sys
+    import numpy
+    found = numpy._core._multiarray_umath.__cpu_features__
+    dispatched = [f for f in numpy._core._multiarray_umath.__cpu_dispatch__ if found.get(f)]
+    env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=" ".join(dispatched), OPENBLAS_CORETYPE="Prescott")
+    code = ("import numpy, sys; from inceptionn.codecs import thc_table_generator as gen; "
+            "sys.stdout.write(gen.render(gen.shipped_tables()))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout == (Path(gen.__file__).parent / gen.GENERATED).read_text()
+
+
+def test_t_p_does_not_follow_the_last_bit_of_log(monkeypatch):
+    """t_p (and through it the header's range and the codec_id ranks compare) stays the same
+    float when the inverse CDF's log rounds its last bits differently."""
+    from statistics import NormalDist
+    exact = {p: gen.t_p(p) for p in gen.SHIPPED_P + (0.01, 0.05, 0.1)}
+    real = NormalDist.inv_cdf
+    for ulps in (-4, -1, 1, 4):
+        monkeypatch.setattr(NormalDist, "inv_cdf", lambda self, q, u=ulps: real(self, q) * (1 + u * 2.0**-52))
+        assert {p: gen.t_p(p) for p in exact} == exact, ulps
+
+
 def test_nonuniform_table_beats_the_uniform_grid():
     # On g = 30 the uniform 16 levels are every other grid point.
     assert gen.expected_variance(PAPER_TABLE, 30, 1 / 32) < gen.expected_variance(tuple(range(0, 31, 2)), 30, 1 / 32)

@@ -186,6 +186,25 @@ def test_bucket_maxima_edge_cases():
     assert list(sc.exponents(np.array([np.inf, 0.0, 1e-300]), 2)) == [0, 0, sc.MAX_EXPONENT]
 
 
+def test_exponents_exact_at_every_power_of_two_boundary():
+    """At each power of two of the float32 range and its neighbours the exponent is exactly the
+    largest s with headroom * max * 2^s < 1 (no log2, whose last bit depends on the CPU)."""
+    import math
+    peaks = []
+    for k in range(-149, 128):
+        p = np.float32(2.0**k)
+        peaks += [np.nextafter(p, np.float32(0)), p, np.nextafter(p, np.float32(np.inf))]
+    peaks = np.array([p for p in peaks if 0 < p < np.inf], dtype=np.float32)
+    for headroom in (1, 2, 3, 4, 7, 8):
+        got = sc.exponents(peaks.astype(np.float64), headroom)
+        for m, s in zip(peaks.tolist(), got.tolist()):
+            want = -math.frexp(m * headroom)[1]
+            want = min(max(want, -sc.MAX_EXPONENT), sc.MAX_EXPONENT)
+            assert s == want, (m, headroom, s)
+            if abs(want) < sc.MAX_EXPONENT:
+                assert math.ldexp(m * headroom, s) < 1.0 <= math.ldexp(m * headroom, s + 1)
+
+
 # --- ring and WA over sockets ------------------------------------------------------------------
 
 LENGTHS = [0, 1, 2, 7, 1001, 2 * 65536 + 13]
@@ -506,6 +525,19 @@ def _mismatch_op(g, rank):
 def test_mismatched_operations_raise():
     res = run_ranks(2, _mismatch_op, expect_ok=False)
     assert all(not ok and "barrier" in msg and "allreduce" in msg for ok, msg in res), res
+
+
+def _mismatch_table(g, rank):
+    table = get_codec("thc").table
+    if rank == 1:   # the mirror image: as good, but another table (what a host that broke the tie
+        table = tuple(table[-1] - t for t in reversed(table))   # the other way would compute)
+    g.allreduce(data(rank, 1000), compress="app", codec=get_codec("thc", table=table))
+
+
+def test_ranks_holding_different_thc_tables_raise_at_the_first_call():
+    res = run_ranks(2, _mismatch_table, expect_ok=False)
+    for ok, msg in res:
+        assert not ok and "RuntimeError: collective mismatch" in msg and "codec=" in msg, msg
 
 
 def _bad_args(g, rank):
