@@ -12,7 +12,7 @@ FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fu
 DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h daemon/*.cdef)
 # The tagging shim: the preload library, the policy parser and the contract header (with .cdef).
 SHIM_SRC := $(wildcard shim/*.c shim/*.h shim/*.cdef) shim/build_ffi.py
-CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Icodecs_c
+CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -ffp-contract=off -Icodecs_c
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 # `make -j2 fuzz`: the long campaign, FUZZ_SECONDS per target (two at a time with -j2), over
 # FUZZ_NAMES (default: every target). Findings stay in build/fuzz-findings/NAME/ (crash-*,
@@ -21,7 +21,7 @@ SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fra
 FUZZ_SECONDS ?= 600
 FUZZ_NAMES ?= $(patsubst build/fuzz_%,%,$(FUZZ_TARGETS))
 
-.PHONY: all demo test bench check-c fuzz clean install-service uninstall-service wheelhouse
+.PHONY: all demo test test-portable bench check-c fuzz clean install-service uninstall-service wheelhouse
 
 all: $(VENV)/.installed
 
@@ -39,8 +39,17 @@ demo: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/inceptionn bench codec
 
-test: $(VENV)/.installed $(CODEC_UNIT_TESTS) $(FUZZ_TARGETS)
+test: $(VENV)/.installed $(CODEC_UNIT_TESTS) $(FUZZ_TARGETS) test-portable
 	$(VENV)/bin/pytest -q tests
+
+# The codec suites once more on the portable paths every x86-64 CPU has: the C codecs' scalar
+# code, numpy's baseline loops (every dispatched feature disabled), OpenBLAS's oldest kernels.
+# They hold C and numpy to the same bits, so a pass here and in the full run means the codecs
+# give the same answer on a CPU without AVX2 or AVX-512 (tests/test_codec_portability.py too).
+NPY_DISPATCHED = $(PY) -c "from numpy._core import _multiarray_umath as u; print(' '.join(f for f in u.__cpu_dispatch__ if u.__cpu_features__.get(f)))"
+test-portable: $(VENV)/.installed
+	INCEPTIONN_CODEC_SIMD=off OPENBLAS_CORETYPE=Prescott NPY_DISABLE_CPU_FEATURES="$$($(NPY_DISPATCHED))" \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_codec_*.py
 
 # The codecs' C unit tests under AddressSanitizer and UndefinedBehaviorSanitizer.
 build/test_%_san: codecs_c/tests/test_%.c $(CODEC_SRC) $(CODEC_HDR)
@@ -85,7 +94,7 @@ clean:
 # C perf harness (synthetic data, no Python): ./build/bench_codec [n] [log10 scale] [k]
 build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	$(CC) -O3 -std=gnu11 -Icodecs_c $< $(CODEC_SRC) -lm -o $@
+	$(CC) -O3 -std=gnu11 -ffp-contract=off -Icodecs_c $< $(CODEC_SRC) -lm -o $@
 
 # The soft NIC as a systemd service, installed the way daemons are: a self-contained venv under
 # /opt/inceptionn built from the system python (never this checkout's .venv, which may sit under

@@ -241,9 +241,10 @@ int inc_decode(const uint8_t *in, size_t len, float *out, size_t n, size_t *err_
 /* What encode-then-decode gives, value by value, without building the stream: the tiers are
  * fixed-point truncations (16BIT to a multiple of 2^-15, 8BIT to 2^-7), so keeping the mantissa
  * bits above that position is the same thing. Zeros come out as +0.0 (the round trip can give
- * -0.0), which makes the function idempotent. Branch-free, so the compiler vectorises it. */
-__attribute__((target_clones("avx2", "default")))
-void inc_reconstruct(const float *in, size_t n, int k, float *out)
+ * -0.0), which makes the function idempotent. Branch-free integer work, so the compiler
+ * vectorises it; compiled twice (baseline, AVX2) and picked like the codec's other paths, so
+ * INCEPTIONN_CODEC_SIMD=off reaches it too. */
+static inline __attribute__((always_inline)) void reconstruct_kernel(const float *in, size_t n, int k, float *out)
 {
     const uint32_t eb = (uint32_t)(127 + k), mid = eb + (uint32_t)((-k + 1) / 2);
     for (size_t i = 0; i < n; i++) {
@@ -258,6 +259,24 @@ void inc_reconstruct(const float *in, size_t n, int k, float *out)
         r = (r & 0x7FFFFFFFu) ? r : 0u; /* -0.0 -> +0.0 */
         memcpy(&out[i], &r, 4);
     }
+}
+
+#if CU_X86
+__attribute__((target("avx2"))) static void reconstruct_avx2(const float *in, size_t n, int k, float *out)
+{
+    reconstruct_kernel(in, n, k, out);
+}
+#endif
+
+void inc_reconstruct(const float *in, size_t n, int k, float *out)
+{
+#if CU_X86
+    if (cpu_has_avx2()) {
+        reconstruct_avx2(in, n, k, out);
+        return;
+    }
+#endif
+    reconstruct_kernel(in, n, k, out);
 }
 
 size_t inc_encoded_size(const float *in, size_t n, int k)

@@ -111,7 +111,10 @@ class THCCodec(Codec):
     # --- agreement ----------------------------------------------------------------------------
     def _norm(self, x: np.ndarray) -> float:
         if self.impl == "numpy":
-            s = float(np.dot(x.astype(np.float64), x.astype(np.float64)))
+            # the C loop's order (left to right in double; float32 squares are exact there), not
+            # np.dot, whose BLAS kernel and so its rounding depend on the CPU
+            x64 = x.astype(np.float64)
+            s = float(np.cumsum(x64 * x64)[-1]) if x.size else 0.0
         else:
             s = float(lib.thc_sum_squares(ffi.cast("const float *", ffi.from_buffer(x)), x.size))
         if not np.isfinite(s):

@@ -44,7 +44,7 @@ ffibuilder.set_source(
     + [rel(CODECS, s) for s in ("inceptionn_codec.c", "inceptionn_codec_avx2.c")],
     include_dirs=[rel(HERE), rel(CODECS)],
     libraries=["netfilter_queue", "nfnetlink", "pthread"],
-    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing"],
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing", "-ffp-contract=off"],  # as the codecs
 )
 
 if __name__ == "__main__":
