@@ -99,7 +99,16 @@ def _crc32c(buf: bytes) -> int:
     return lib.nicd_crc32c(0, ffi.from_buffer(buf), len(buf))
 
 
-def shim(n: int, body: bytes, *, magic=0x49, ver=0x11, ht=0, crc=None) -> bytes:
+def mark_checksum(raw: bytes) -> bytes:
+    """An IPv4/TCP packet whose TCP checksum is right, made wrong by exactly NICD_CSUM_MARK, as a
+    soft NIC sends a compressed packet (daemon/nicd_packet.h)."""
+    from inceptionn.daemon._datapath import lib
+    at = (raw[0] & 15) * 4 + 16
+    v = struct.unpack("!H", raw[at:at + 2])[0] + lib.NICD_CSUM_MARK
+    return raw[:at] + struct.pack("!H", (v & 0xFFFF) + (v >> 16)) + raw[at + 2:]
+
+
+def shim(n: int, body: bytes, *, magic=0x49, ver=0x21, ht=0, crc=None) -> bytes:
     """A compressed payload: 10-byte header (daemon/nicd_packet.h) + body, CRC32C made valid
     unless ``crc`` is given."""
     hdr = bytes([magic, ver, ht, 0]) + struct.pack("<H", n)
@@ -113,7 +122,7 @@ KINDS = {
     "random": "drop_header",       # random bytes, first byte not the magic
     "truncated": "drop_header",    # shorter than the 10-byte header
     "magic": "drop_header",        # well-formed header with the wrong magic
-    "version": "drop_header",      # wrong version/codec byte
+    "version": "drop_header",      # wrong version/codec byte (version 1's)
     "huge_n": "drop_too_big",      # valid CRC, n = 65535 floats (would restore to 256 KiB)
     "bad_crc": "drop_crc",         # valid header, CRC does not match
     "decode": "drop_decode",       # valid header and CRC, n = 200 but no group stream
@@ -154,11 +163,11 @@ def craft(a):
             body = bytes([rnd.choice([b for b in range(256) if b != 0x49])]) + rnd.randbytes(rnd.randrange(10, 1400))
             pkts.append(ip / tcp / Raw(body))
         elif k == "truncated":
-            pkts.append(ip / tcp / Raw(bytes([0x49, 0x11, 0, 0, 5])[: 1 + i % 5]))
+            pkts.append(ip / tcp / Raw(bytes([0x49, 0x21, 0, 0, 5])[: 1 + i % 5]))
         elif k == "magic":
             pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), magic=0x48)))
         elif k == "version":
-            pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), ver=0x21)))
+            pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), ver=0x11)))
         elif k == "huge_n":
             pkts.append(ip / tcp / Raw(shim(65535, rnd.randbytes(64))))
         elif k == "bad_crc":
@@ -181,6 +190,9 @@ def craft(a):
                         / Raw(shim(8, rnd.randbytes(20))))
         else:
             raise SystemExit(f"unknown kind {k!r}")
+    # TCP checksums as a soft NIC sends them (wrong by the mark), but for the kinds about checksums
+    pkts = [IP(mark_checksum(bytes(p))) if k not in ("checksum", "tiny_ip", "udp") else p
+            for p, k in zip(pkts, [k for k in a.kinds.split(",") for _ in range(a.count)])]
     scapy_send(pkts, inter=0.002)
     print(f"sent {len(pkts)}", flush=True)
     return 0

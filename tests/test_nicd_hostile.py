@@ -25,13 +25,14 @@ import nicd_peer  # noqa: E402
 
 
 def compressed_packet(payload: bytes) -> bytes:
-    """IPv4/TCP (no options) with the compressed mark around ``payload``, checksums valid."""
+    """IPv4/TCP (no options) with the compressed mark around ``payload``, checksums as a soft NIC
+    sends them (the TCP checksum wrong by exactly NICD_CSUM_MARK)."""
     tcp = struct.pack("!HHIIBBHHH", 40000, 5001, 1, 1, 5 << 4, 0x18, 1000, 0, 0)
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x2C, 40 + len(payload), 0, 0, 64, 6, 0,
                      bytes([198, 18, 0, 1]), bytes([198, 18, 0, 2]))
     pkt = bytearray(ip + tcp + payload)
     pkt[36:38] = struct.pack("=H", lib.nicd_tcp_checksum(bytes(pkt), len(pkt)))
-    return bytes(pkt)
+    return nicd_peer.mark_checksum(bytes(pkt))
 
 
 # --- restored length and the 16-bit netlink attribute length ---------------------------------
@@ -59,7 +60,7 @@ def test_compress_leaves_packets_the_peer_could_not_restore_raw():
         p = ffi.new("struct nicd_pkt *")
         keep = ffi.from_buffer(pkt)
         assert lib.nicd_parse(keep, len(pkt), p) == 0
-        r = lib.nicd_compress(p, 0, -10, 0x2C, out, len(out), scratch, ffi.NULL)
+        r = lib.nicd_compress(p, 0, -10, 0x2C, 0, out, len(out), scratch, ffi.NULL)
         assert (r > 2) == want_compressed, (total, r)
 
 
