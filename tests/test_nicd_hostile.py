@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from netns_helpers import wait_until
 from test_nicd import PEER, PY, Transfer, make_testbed, recon, running_nicd
 
 from inceptionn.daemon._datapath import ffi, lib
@@ -230,3 +231,75 @@ def test_spoofed_hello_flood_while_a_compressed_flow_runs(tmp_path, grads):
     for d in (d1c, d2c):
         for key in ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big"):
             assert d[key] == 0, (key, report)
+
+
+# --- an off-path attacker guessing the answerer's confirmation (issue 19, item 2) -------------
+
+def _wait_line(proc, want: str):
+    line = proc.stdout.readline().strip()
+    assert line == want, f"{want!r} expected, got {line!r}: {proc.stderr.read() if proc.poll() is not None else ''}"
+
+
+@needs_root
+def test_spoofed_hello_and_guessed_confirmations_never_make_the_answerer_compress(tb_name, tmp_path, small):
+    """Host - router - host, and an attacker h3 on another port of the router that spoofs h1's
+    address (it never sees h1 <-> h2 traffic). h2 runs nicd and a tagged server; h1 has no soft
+    NIC. The attacker sends h2 a hello SYN for the 4-tuple h1 then really uses (h2's SYN-ACK
+    is answered, h1 resets it), h1 connects on it, then the attacker sends 16,384 compressed
+    ACKs whose acks step through the whole sequence space by 2^18, before h2's server writes.
+    h1 must get the server's bytes raw: no flow negotiated, nothing compressed. A second hello
+    on a 4-tuple nobody then uses, guessed the same way, must be given up (confirm_failed)."""
+    from inceptionn.kernel_tc.testbed import RoutedTestbed
+    data = small[:100_000].tobytes()
+    src = tmp_path / "serve.bin"
+    src.write_bytes(data)
+    out, go = tmp_path / "fetched.bin", tmp_path / "go"
+    with RoutedTestbed(hosts=3, mtu=1500, name=tb_name) as tb:
+        h1, h2, h3 = tb.hosts
+        tb.router.run(["sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.h3.rp_filter=0"],
+                      check=True)  # a router that does not check sources: the attacker's packets pass
+        port, sport = 5950, 41000
+
+        def attack(mode, a_sport, *extra, dport=port):
+            r = h3.run([PY, PEER, mode, "--src", h1.ip, "--sport", a_sport, "--dst", h2.ip, "--dport", dport, *extra],
+                       capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+
+        with running_nicd(h2, tmp_path) as d2:
+            server = h2.popen([PY, PEER, "serve", "--bind", h2.ip, "--port", port, "--data", src, "--go", go],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            client = listener = None
+            try:
+                _wait_line(server, "listening")
+                attack("spoof-hello", sport, "--isn", 1000)
+                assert wait_until(lambda: d2.counters()["hello_sent"] == 1, 5.0), d2.counters()
+                time.sleep(0.3)  # h1 resets the SYN-ACK it never asked for
+                client = h1.popen([PY, PEER, "fetch", "--host", h2.ip, "--port", port, "--sport", sport,
+                                   "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                _wait_line(client, "connected")
+                _wait_line(server, "accepted")
+                attack("guess-confirm", sport, "--seq", 1001)
+                time.sleep(0.5)
+                go.touch()
+                assert server.wait(timeout=60) == 0, server.stderr.read()
+                assert client.wait(timeout=60) == 0, client.stderr.read()
+                after_real = d2.counters()
+                # the same guesses on a hello no real connection follows (a listener answers it)
+                listener = h2.popen([PY, PEER, "recv", "--bind", h2.ip, "--port", port + 1, "--out",
+                                     tmp_path / "unused.bin"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                _wait_line(listener, "listening")
+                attack("spoof-hello", sport, "--isn", 5000, dport=port + 1)
+                assert wait_until(lambda: d2.counters()["hello_sent"] == 2, 5.0), d2.counters()
+                attack("guess-confirm", sport, "--seq", 5001, dport=port + 1)
+                assert wait_until(lambda: d2.counters()["ingress_restored"] - after_real["ingress_restored"] >= 16384,
+                                  20.0), d2.counters()
+                c2 = d2.counters()
+            finally:
+                for p in (server, client, listener):
+                    if p is not None and p.poll() is None:
+                        p.kill()
+                        p.wait()
+    assert out.read_bytes() == data, "h1 (no soft NIC) got other bytes than the server wrote"
+    assert after_real["flows_negotiated"] == 0 and after_real["egress_compressed"] == 0, after_real
+    assert c2["flows_negotiated"] == 0 and c2["egress_compressed"] == 0, c2
+    assert c2["confirm_failed"] == 1, c2
