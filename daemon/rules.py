@@ -77,6 +77,8 @@ _SUB_K, _LDH_X, _JEQ_K = 0x14, 0x48, 0x15
 # pure ACKs of hosts that happen to use the compressed DSCP are never queued or dropped. A
 # packet too short for a TCP header matches too: nicd drops and counts it. (u32 cannot test
 # "payload of 1 byte or more", and a length match cannot see the header lengths.)
+# A = IP + TCP header length, with X = IP header length (4 instructions, no jumps)
+_HEADERS_LEN = ((_LDB_X, 0, 0, 12), (_RSH_K, 0, 0, 2), (_AND_K, 0, 0, 0x3C), (_ADD_X, 0, 0, 0))
 MAY_BE_COMPRESSED = _cbpf(
     (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
     (_TXA, 0, 0, 0),         # 1
@@ -89,10 +91,7 @@ MAY_BE_COMPRESSED = _cbpf(
     (_LDB_X, 0, 0, 13),      # 8  A = TCP flags
     (_JSET_K, 0, 1, 0x02),   # 9  SYN? -> 10, else 11
     (_RET_K, 0, 0, 0),       # 10 a SYN: no match
-    (_LDB_X, 0, 0, 12),      # 11 A = data offset << 4
-    (_RSH_K, 0, 0, 2),       # 12
-    (_AND_K, 0, 0, 0x3C),    # 13 A = TCP header length
-    (_ADD_X, 0, 0, 0),       # 14 A = IP + TCP header length
+    *_HEADERS_LEN,           # 11-14 A = IP + TCP header length
     (_TAX, 0, 0, 0),         # 15
     (_LD_LEN, 0, 0, 0),      # 16
     (_JGT_X, 0, 1, 0),       # 17 anything after the headers? -> 18, else 19
@@ -111,10 +110,7 @@ LOOKS_COMPRESSED = _cbpf(
     (_LDB_X, 0, 0, 13),      # 1  A = TCP flags
     (_JSET_K, 0, 1, 0x02),   # 2  SYN? -> 3, else 4
     (_RET_K, 0, 0, 0),       # 3  a SYN: no match
-    (_LDB_X, 0, 0, 12),      # 4  A = data offset << 4
-    (_RSH_K, 0, 0, 2),       # 5
-    (_AND_K, 0, 0, 0x3C),    # 6  A = TCP header length
-    (_ADD_X, 0, 0, 0),       # 7  A = IP + TCP header length
+    *_HEADERS_LEN,           # 4-7 A = IP + TCP header length
     (_ADD_K, 0, 0, SHIM_LEN),  # 8
     (_TAX, 0, 0, 0),         # 9  X = payload offset + a shim header
     (_LD_LEN, 0, 0, 0),      # 10

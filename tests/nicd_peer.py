@@ -59,7 +59,13 @@ def recv(a):
     s.settimeout(a.timeout)
     c, _ = s.accept()
     c.settimeout(a.timeout)
-    with open(a.out, "wb") as f:
+    return _drain(c, a.out)
+
+
+def _drain(c, path) -> int:
+    """Append what arrives on c to path, flushed after every read (tests watch it grow), until
+    the peer closes."""
+    with open(path, "wb") as f:
         while True:
             b = c.recv(1 << 20)
             if not b:
@@ -127,17 +133,10 @@ def fetch(a):
     s.settimeout(a.timeout)
     s.connect((a.host, a.port))
     print("connected", flush=True)
-    with open(a.out, "wb") as f:
-        while True:
-            b = s.recv(1 << 20)
-            if not b:
-                break
-            f.write(b)
-    s.close()
-    return 0
+    return _drain(s, a.out)
 
 
-def _tcp_segment(src: str, dst: str, sport: int, dport: int, seq: int, ack: int, flags: int, tos: int,
+def tcp_segment(src: str, dst: str, sport: int, dport: int, seq: int, ack: int, flags: int, tos: int,
                  options: bytes = b"", payload: bytes = b"") -> bytes:
     from inceptionn.daemon._datapath import lib
     thl = 20 + len(options)
@@ -149,7 +148,7 @@ def _tcp_segment(src: str, dst: str, sport: int, dport: int, seq: int, ack: int,
     return bytes(pkt)
 
 
-def _parsed(buf: bytes):
+def parsed(buf: bytes):
     from inceptionn.daemon._datapath import ffi, lib
     p, keep = ffi.new("struct nicd_pkt *"), ffi.from_buffer(buf)
     assert lib.nicd_parse(keep, len(buf), p) == 0
@@ -162,8 +161,8 @@ def _raw_socket():
 
 def spoof_hello(a):
     from inceptionn.daemon._datapath import ffi, lib
-    syn = _tcp_segment(a.src, a.dst, a.sport, a.dport, a.isn, 0, 0x02, 0x28, struct.pack("!BBH", 2, 4, 1460))
-    p, keep = _parsed(syn)
+    syn = tcp_segment(a.src, a.dst, a.sport, a.dport, a.isn, 0, 0x02, 0x28, struct.pack("!BBH", 2, 4, 1460))
+    p, keep = parsed(syn)
     o = ffi.new("struct nicd_hello_opt *")
     o.version, o.role, o.codec, o.error_bound, o.tos_compressed, o.orig_tos = getattr(lib, "NICD_VERSION", 1), 1, 1, -10, 0x2C, 0x28
     o.nonce = list(os.urandom(6))
@@ -182,8 +181,8 @@ def guess_confirm(a):
     out, scratch = ffi.new("uint8_t[]", 4096), ffi.new("float[]", 16400)
     pkts, step = [], (1 << 32) // a.steps
     for i in range(a.steps):
-        seg = _tcp_segment(a.src, a.dst, a.sport, a.dport, a.seq, (i * step + 1) & 0xFFFFFFFF, 0x18, 0x28, payload=x)
-        p, keep = _parsed(seg)
+        seg = tcp_segment(a.src, a.dst, a.sport, a.dport, a.seq, (i * step + 1) & 0xFFFFFFFF, 0x18, 0x28, payload=x)
+        p, keep = parsed(seg)
         try:  # the soft NIC's own packet, whichever wire version this build speaks
             n = lib.nicd_compress(p, 0, -10, 0x2C, a.echo, out, len(out), scratch, ffi.NULL)
         except TypeError:

@@ -12,33 +12,27 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
 from netns_helpers import wait_until
-from test_nicd import Transfer, assert_words_equal, recon, rule_counts, running_nicd
+from test_nicd import PEER, PY, Transfer, assert_words_equal, recon, rule_counts, running_nicd
 
 from inceptionn.daemon import rules
 from inceptionn.daemon._datapath import ffi, lib
+
+sys.path.insert(0, os.path.dirname(PEER))
+from nicd_peer import parsed, tcp_segment  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 GSO = pytest.mark.parametrize("gso", ["--gso", "--no-gso"])
 DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
 
 
-def segment(payload: bytes, tos=0x28) -> bytes:
-    tcp = struct.pack("!HHIIBBHHH", 40000, 5001, 1, 1, 5 << 4, 0x18, 1000, 0, 0)
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, tos, 40 + len(payload), 0, 0, 64, 6, 0,
-                     bytes([198, 18, 1, 2]), bytes([198, 18, 2, 2]))
-    pkt = bytearray(ip + tcp + payload)
-    pkt[36:38] = struct.pack("=H", lib.nicd_tcp_checksum(bytes(pkt), len(pkt)))
-    return bytes(pkt)
-
-
-def parsed(buf: bytes):
-    p, keep = ffi.new("struct nicd_pkt *"), ffi.from_buffer(buf)
-    assert lib.nicd_parse(keep, len(buf), p) == 0
-    return p, keep
+def segment(payload: bytes) -> bytes:
+    return tcp_segment("198.18.1.2", "198.18.2.2", 40000, 5001, 1, 1, 0x18, 0x28, payload=payload)
 
 
 def test_compressed_checksum_is_wrong_by_the_mark_and_restores(small):
@@ -161,3 +155,70 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
                 t.close()
     assert_words_equal(got, want, "after the receiver's soft NIC came back")
     assert c2["ingress_marks_rewritten"] > 0 and all(c2[k] == 0 for k in DROPS), c2
+
+
+EXCHANGE = """
+import socket, sys
+role, ip, port, n, src, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+data = open(src, "rb").read()
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x28)
+s.settimeout(60)
+def take(c):
+    got = b""
+    while len(got) < n:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        got += b
+    open(out, "wb").write(got)
+if role == "server":
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, port))
+    s.listen(1)
+    print("listening", flush=True)
+    c, _ = s.accept()
+    take(c)  # the initiator speaks first: its compressed packets confirm the flow
+    c.sendall(data)
+    c.close()
+else:
+    s.connect((ip, port))
+    s.sendall(data)
+    take(s)
+    s.close()
+"""
+
+
+@needs_root
+def test_answerer_confirmed_by_the_echo_compresses_back(tb_name, tmp_path, small):
+    """One tagged connection, both directions, across the rewriting router: the initiator's
+    compressed packets echo the answerer's ISN bits, so the answerer confirms and compresses its
+    own direction; each side restores the other's packets despite the rewritten mark."""
+    x = small[:150_000]
+    src = tmp_path / "x.bin"
+    src.write_bytes(x.tobytes())
+    want = recon(x, -10).tobytes()
+    with routed_testbed(tb_name) as tb:
+        h1, h2 = tb.hosts
+        rewrite_compressed_mark(tb.router)
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            server = h2.popen([PY, "-c", EXCHANGE, "server", h2.ip, 5960, len(want), src, tmp_path / "at_server"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                assert server.stdout.readline().strip() == "listening"
+                client = h1.run([PY, "-c", EXCHANGE, "client", h2.ip, 5960, len(want), src, tmp_path / "at_client"],
+                                capture_output=True, text=True, timeout=90)
+                assert client.returncode == 0, client.stderr
+                assert server.wait(timeout=30) == 0, server.stderr.read()
+            finally:
+                if server.poll() is None:
+                    server.kill()
+                    server.wait()
+            c1, c2 = d1.counters(), d2.counters()
+    assert_words_equal((tmp_path / "at_server").read_bytes(), want, "initiator -> answerer")
+    assert_words_equal((tmp_path / "at_client").read_bytes(), want, "answerer -> initiator")
+    assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1 and c2["confirm_failed"] == 0
+    assert c1["egress_compressed"] > 10 and c2["egress_compressed"] > 10
+    assert c1["ingress_marks_rewritten"] == c2["egress_compressed"]
+    assert c2["ingress_marks_rewritten"] == c1["egress_compressed"]
+    assert c1["flows_marks_rewritten"] == 1 and c2["flows_marks_rewritten"] == 1
