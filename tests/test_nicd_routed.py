@@ -146,6 +146,8 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
                     "h2's kernel did not count compressed packets as checksum errors"
                 time.sleep(1.0)
                 assert d1.counters()["egress_compressed"] > sent_before, "h1 stopped compressing: nothing tested"
+                print(f"{gso}: InCsumErrors +{tcp_snmp(h2, 'InCsumErrors') - csum_before}, h1 compressed "
+                      f"+{d1.counters()['egress_compressed'] - sent_before} while h2 had no soft NIC")
                 assert t.received_len() == pause, \
                     f"{t.received_len() - pause} bytes reached the application while no soft NIC restored them"
                 with running_nicd(h2, tmp_path, gso, tag="-again") as d2b:
