@@ -47,9 +47,14 @@ def set_md5(s, peer: str, key: bytes = b"inceptionn-test") -> None:
 
 
 def recv(a):
+    return _drain(_accept_one(a, a.md5_peer), a.out)
+
+
+def _accept_one(a, md5_peer=None):
+    """Listen on a.bind:a.port (IP_TOS a.tos if given), print "listening", accept one."""
     s = socket.socket()
-    if a.md5_peer:
-        set_md5(s, a.md5_peer)
+    if md5_peer:
+        set_md5(s, md5_peer)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if a.tos is not None:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
@@ -59,7 +64,7 @@ def recv(a):
     s.settimeout(a.timeout)
     c, _ = s.accept()
     c.settimeout(a.timeout)
-    return _drain(c, a.out)
+    return c
 
 
 def _drain(c, path) -> int:
@@ -110,14 +115,7 @@ def send(a):
 
 
 def serve(a):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
-    s.bind((a.bind, a.port))
-    s.listen(1)
-    print("listening", flush=True)
-    s.settimeout(a.timeout)
-    c, _ = s.accept()
+    c = _accept_one(a)
     print("accepted", flush=True)
     while not os.path.exists(a.go):
         time.sleep(0.02)
