@@ -14,9 +14,10 @@
 
 struct slot {
     struct nicd_flow_key key;
-    uint32_t isn;
+    uint32_t isn, peer_isn;
     uint32_t last_seen; /* monotonic seconds */
     uint8_t used;
+    uint8_t rewritten; /* a compressed packet arrived without its mark */
 };
 
 struct hslot {
@@ -221,7 +222,7 @@ static int expired(const struct slot *s, uint32_t now)
     return now - s->last_seen > idle_timeout;
 }
 
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn)
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn)
 {
     int rc = -1;
     pthread_mutex_lock(&lock);
@@ -231,7 +232,8 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn)
         if (slots[i].used || count < (mask + 1) / 4 * 3) {
             if (!slots[i].used)
                 count++;
-            slots[i] = (struct slot){.key = *k, .isn = isn, .last_seen = now_s(), .used = 1};
+            slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now_s(),
+                                     .used = 1};
             rc = 0;
         }
     }
@@ -239,7 +241,7 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn)
     return rc;
 }
 
-int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn)
+int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn, uint32_t *peer_isn)
 {
     int found = 0;
     pthread_mutex_lock(&lock);
@@ -250,6 +252,8 @@ int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn)
                 erase(i);
             } else {
                 *isn = slots[i].isn;
+                if (peer_isn)
+                    *peer_isn = slots[i].peer_isn;
                 slots[i].last_seen = now;
                 found = 1;
             }
@@ -257,6 +261,19 @@ int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn)
     }
     pthread_mutex_unlock(&lock);
     return found;
+}
+
+int nicd_flows_note_rewritten(const struct nicd_flow_key *k)
+{
+    int first = 0;
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (slots[i].used && !slots[i].rewritten)
+            slots[i].rewritten = 1, first = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return first;
 }
 
 void nicd_flows_forget(const struct nicd_flow_key *k)
@@ -357,6 +374,22 @@ int nicd_hello_take(const struct nicd_flow_key *k, enum nicd_hello_state state, 
     }
     pthread_mutex_unlock(&hello_lock);
     return taken;
+}
+
+int nicd_hello_fail(const struct nicd_flow_key *k, uint32_t isn, unsigned max_tries)
+{
+    int removed = 0;
+    pthread_mutex_lock(&hello_lock);
+    if (hellos) {
+        struct hslot *s = hello_find(hello_set(k), k);
+        if (s && s->h.state == NICD_HELLO_ANSWERED && s->h.isn == isn && ++s->h.tries >= max_tries) {
+            s->h.state = NICD_HELLO_NONE;
+            hello_used--;
+            removed = 1;
+        }
+    }
+    pthread_mutex_unlock(&hello_lock);
+    return removed;
 }
 
 uint32_t nicd_hello_count(void)

@@ -35,6 +35,7 @@ struct nicd_hello {
     uint8_t agree;    /* the peer's settings equal ours (PEER, ANSWERED) */
     uint32_t isn;     /* our ISN (SENT, ANSWERED) */
     uint32_t peer_isn; /* the peer's ISN (PEER, ANSWERED) */
+    uint8_t tries;     /* ANSWERED: compressed packets that failed to confirm it */
     uint8_t nonce[NICD_NONCE_LEN];
 };
 
@@ -43,12 +44,17 @@ struct nicd_hello {
 int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s);
 void nicd_flows_free(void);
 
-/* Record a negotiated flow and our ISN (replacing an older entry of the key). Returns 0, or -1
- * when the table is full (the flow then simply stays raw). */
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn);
+/* Record a negotiated flow, our ISN and the peer's (replacing an older entry of the key).
+ * Returns 0, or -1 when the table is full (the flow then simply stays raw). */
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn);
 
-/* 1 and *isn if the flow is negotiated (and not idle past the timeout; refreshes its clock). */
-int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn);
+/* 1, *isn and *peer_isn if the flow is negotiated (and not idle past the timeout; refreshes its
+ * clock). peer_isn may be NULL. */
+int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn, uint32_t *peer_isn);
+
+/* Note that a compressed packet of the negotiated flow k arrived without the compressed mark;
+ * returns 1 the first time for the flow (0 after, or if k is not negotiated). */
+int nicd_flows_note_rewritten(const struct nicd_flow_key *k);
 
 /* Forget a negotiated flow: our own stack opens or accepts this 4-tuple anew. */
 void nicd_flows_forget(const struct nicd_flow_key *k);
@@ -66,6 +72,10 @@ int nicd_hello_get(const struct nicd_flow_key *k, struct nicd_hello *h);
 /* Remove the key's hello if it is still in `state` with our ISN `isn`; returns 1 if it was
  * (of two threads acting on the same hello, exactly one gets 1). */
 int nicd_hello_take(const struct nicd_flow_key *k, enum nicd_hello_state state, uint32_t isn);
+
+/* A compressed packet failed to confirm the key's ANSWERED hello (of our ISN isn): count it, and
+ * remove the hello at the max_tries-th failure. Returns 1 if this call removed it. */
+int nicd_hello_fail(const struct nicd_flow_key *k, uint32_t isn, unsigned max_tries);
 
 /* Hellos in the table now (a racy read: a hint that lets the hot path skip the lock). */
 uint32_t nicd_hello_count(void);

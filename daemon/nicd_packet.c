@@ -71,6 +71,33 @@ static void fix_tcp_checksum(uint8_t *ip, size_t len)
     memcpy(ip + ihl + 16, &c, 2);
 }
 
+/* NICD_CSUM_MARK as sum_le sees it (byte-swapped words). */
+#define CSUM_MARK_LE ((uint16_t)((NICD_CSUM_MARK >> 8) | ((NICD_CSUM_MARK & 0xFF) << 8)))
+
+/* The folded sum over p's TCP pseudo-header and segment, checksum field included: 0xFFFF when
+ * the checksum is right, CSUM_MARK_LE when a soft NIC compressed the packet. */
+static uint16_t segment_sum(const struct nicd_pkt *p)
+{
+    return fold(sum_le(p->ip + p->ihl, p->len - p->ihl, pseudo_header(p->ip, p->len - p->ihl)));
+}
+
+/* Make the TCP checksum (right after fix_tcp_checksum) wrong by exactly NICD_CSUM_MARK: the
+ * whole segment then sums to the mark, never to 0xFFFF, so every TCP stack drops the packet
+ * until a soft NIC restores it, whatever DSCP it arrives with. */
+static void mark_tcp_checksum(uint8_t *ip)
+{
+    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    uint16_t c;
+    memcpy(&c, ip + ihl + 16, 2);
+    c = fold((uint64_t)c + CSUM_MARK_LE);
+    memcpy(ip + ihl + 16, &c, 2);
+}
+
+int nicd_marked_checksum(const struct nicd_pkt *p)
+{
+    return segment_sum(p) == CSUM_MARK_LE;
+}
+
 void nicd_set_tos(uint8_t *ip, uint8_t tos)
 {
     ip[1] = tos;
@@ -181,12 +208,13 @@ static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
 
 /* Write the shim header in front of a compressed payload of clen bytes whose body (raw ends
  * and group stream) is already in place, CRC32C last. */
-static void seal_payload(uint8_t *c, size_t head, size_t tail, size_t nfloats, size_t clen)
+static void seal_payload(uint8_t *c, size_t head, size_t tail, uint16_t echo, size_t nfloats,
+                         size_t clen)
 {
     c[0] = NICD_MAGIC;
     c[1] = (NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN;
-    c[2] = (uint8_t)(head | (tail << 2));
-    c[3] = 0;
+    c[2] = (uint8_t)(head | (tail << 2) | ((echo & 15) << 4));
+    c[3] = (uint8_t)((echo & NICD_ECHO_MASK) >> 4);
     c[4] = (uint8_t)nfloats;
     c[5] = (uint8_t)(nfloats >> 8);
     uint32_t crc = payload_crc(c, clen);
@@ -208,7 +236,7 @@ static int split_payload(size_t plen, uint32_t stream_off, size_t *head, size_t 
 }
 
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
-                        uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers)
+                        uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers)
 {
     size_t plen = p->payload_len, head, n, tail;
     if (!split_payload(plen, stream_off, &head, &n, &tail))
@@ -237,9 +265,10 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
     memcpy(c + NICD_HDR_LEN, src, head);
     memcpy(c + NICD_HDR_LEN + head + slen, src + head + 4 * n, tail);
     size_t clen = fixed + (size_t)slen;
-    seal_payload(c, head, tail, n, clen);
+    seal_payload(c, head, tail, echo, n, clen);
     size_t len = p->payload_off + clen;
     finish_packet(out, len, tos);
+    mark_tcp_checksum(out);
     return (ptrdiff_t)len;
 }
 
@@ -261,7 +290,8 @@ static size_t group_bytes(const uint8_t *g)
  * bytes, the stream slice, `tail` raw bytes; seq advanced by `off` original payload bytes. */
 static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *head, size_t nhead,
                           const uint8_t *s, size_t slen, size_t nfloats, const uint8_t *tail,
-                          size_t ntail, int first, int last, unsigned idx, uint8_t tos, uint8_t *out)
+                          size_t ntail, int first, int last, unsigned idx, uint8_t tos, uint16_t echo,
+                          uint8_t *out)
 {
     memcpy(out, p->ip, p->payload_off);
     uint8_t *c = out + p->payload_off;
@@ -269,7 +299,7 @@ static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *h
     memcpy(c + NICD_HDR_LEN + nhead, s, slen);
     memcpy(c + NICD_HDR_LEN + nhead + slen, tail, ntail);
     size_t clen = NICD_HDR_LEN + nhead + slen + ntail;
-    seal_payload(c, nhead, ntail, nfloats, clen);
+    seal_payload(c, nhead, ntail, echo, nfloats, clen);
     uint16_t id = (uint16_t)(((unsigned)p->ip[4] << 8 | p->ip[5]) + idx); /* as the kernel's GSO */
     out[4] = (uint8_t)(id >> 8);
     out[5] = (uint8_t)id;
@@ -282,11 +312,12 @@ static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *h
         t[13] &= (uint8_t)~TCP_CWR;
     size_t len = p->payload_off + clen;
     finish_packet(out, len, tos);
+    mark_tcp_checksum(out);
     return len;
 }
 
 ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
-                            uint8_t tos, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
+                            uint8_t tos, uint16_t echo, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
                             int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
                             uint64_t *tiers)
 {
@@ -338,7 +369,7 @@ ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int e
             return NICD_E_SPACE;
         seg_len[segs] = gso_segment(p, off, src, first ? head : 0, stream + s0, bytes, f1 - f0,
                                     src + head + 4 * n, last ? tail : 0, first, last, (unsigned)segs,
-                                    tos, out + used);
+                                    tos, echo, out + used);
         used += seg_len[segs++];
     }
     *nsegs = segs;
@@ -349,13 +380,13 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
                        float *scratch)
 {
     /* Check the whole packet first: after restoring we write a fresh checksum, which would
-     * otherwise launder a header corrupted in transit. */
-    if (fold(sum_le(p->ip + p->ihl, p->len - p->ihl, pseudo_header(p->ip, p->len - p->ihl))) != 0xFFFF)
+     * otherwise launder a header corrupted in transit. A compressed packet's checksum is wrong
+     * by exactly the mark; one that sums right is an ordinary segment, not ours to restore. */
+    if (!nicd_marked_checksum(p))
         return NICD_E_CHECKSUM;
     const uint8_t *c = p->ip + p->payload_off;
     size_t clen = p->payload_len;
-    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC ||
-        c[1] != ((NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN) || (c[2] & 0xF0) != 0 || c[3] != 0)
+    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC || c[1] != ((NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN))
         return NICD_E_HEADER;
     size_t head = c[2] & 3, tail = (c[2] >> 2) & 3;
     size_t n = (size_t)c[4] | ((size_t)c[5] << 8);
@@ -378,6 +409,14 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
     memcpy(d + head + 4 * n, stream + slen, tail);
     finish_packet(out, len, tos);
     return (ptrdiff_t)len;
+}
+
+uint16_t nicd_echo(const struct nicd_pkt *p)
+{
+    const uint8_t *c = p->ip + p->payload_off;
+    if (p->payload_len < NICD_HDR_LEN)
+        return 0;
+    return (uint16_t)((c[2] >> 4) | (c[3] << 4));
 }
 
 /* ---- the hello option -------------------------------------------------------------------- */
@@ -446,7 +485,7 @@ ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, u
     if (off < 20 || off + NICD_OPT_LEN > p->thl || p->len > cap)
         return NICD_E_TCP;
     /* As in nicd_restore: the fresh checksum written below must not launder a corrupted one. */
-    if (fold(sum_le(p->ip + p->ihl, p->len - p->ihl, pseudo_header(p->ip, p->len - p->ihl))) != 0xFFFF)
+    if (segment_sum(p) != 0xFFFF)
         return NICD_E_CHECKSUM;
     size_t at = p->ihl + off, len = p->len - NICD_OPT_LEN;
     memcpy(out, p->ip, at);

@@ -7,11 +7,14 @@
  * boundary), the INCEPTIONN group stream of n floats, then `tail` raw bytes (0-3).
  *   0  magic 0x49 ('I')
  *   1  version (high nibble, 1) | codec (low nibble, 1 = INCEPTIONN)
- *   2  head (bits 0-1) | tail (bits 2-3); bits 4-7 zero
- *   3  zero
+ *   2  head (bits 0-1) | tail (bits 2-3) | echo bits 0-3 (bits 4-7)
+ *   3  echo bits 4-11
  *   4  n, the float count (uint16 little-endian)
  *   6  CRC32C of the compressed payload with this field zeroed (uint32 little-endian)
- * The IP DSCP says "compressed"; TCP sequence numbers keep counting original bytes.
+ * echo: the low 12 bits of the receiver's ISN (the answerer confirms a flow with it; restoring
+ * ignores it). The IP DSCP says "compressed"; TCP sequence numbers keep counting original bytes.
+ * The TCP checksum of a compressed packet is deliberately wrong by NICD_CSUM_MARK: no TCP stack
+ * accepts it, whatever the network did to its DSCP, until a soft NIC has restored it.
  */
 #ifndef NICD_PACKET_H
 #define NICD_PACKET_H
@@ -21,7 +24,11 @@
 
 #define NICD_HDR_LEN 10
 #define NICD_MAGIC 0x49
-#define NICD_VERSION 1
+#define NICD_VERSION 2
+/* The ones-complement sum over a compressed packet's TCP pseudo-header and segment (checksum
+ * field included) folds to this instead of 0xFFFF: its checksum is wrong by this much. */
+#define NICD_CSUM_MARK 0x4E43
+#define NICD_ECHO_MASK 0xFFF
 #define NICD_CODEC_INCEPTIONN 1
 #define NICD_MAX_PACKET 65535
 /* Largest packet a verdict can carry: the netlink attribute length is 16 bits and counts its own
@@ -36,7 +43,8 @@ enum nicd_result {
     NICD_E_IP = -1,         /* not a well-formed IPv4 packet */
     NICD_E_NOT_TCP = -2,    /* not TCP, or a fragment */
     NICD_E_TCP = -3,        /* malformed TCP header */
-    NICD_E_CHECKSUM = -4,   /* TCP checksum of the received packet is wrong */
+    NICD_E_CHECKSUM = -4,   /* TCP checksum of the received packet is wrong (for a compressed
+                               packet: not wrong by exactly NICD_CSUM_MARK) */
     NICD_E_HEADER = -5,     /* shim header malformed (magic, version, codec, reserved bits) */
     NICD_E_CRC = -6,        /* CRC32C mismatch: corrupted in transit */
     NICD_E_DECODE = -7,     /* group stream malformed */
@@ -63,13 +71,14 @@ int nicd_parse(const uint8_t *buf, size_t caplen, struct nicd_pkt *p);
 
 /*
  * Compress p's payload. stream_off is the payload's offset in the byte stream (seq - ISN - 1;
- * only its value mod 4 matters). Writes the new packet (same headers, DSCP/ToS byte set to
- * `tos`, lengths and checksums fixed) to out. Returns its length, or NICD_NOT_SMALLER /
+ * only its value mod 4 matters); echo goes into the shim header (NICD_ECHO_MASK bits). Writes
+ * the new packet (same headers, DSCP/ToS byte set to `tos`, lengths fixed, IP checksum right,
+ * TCP checksum wrong by NICD_CSUM_MARK) to out. Returns its length, or NICD_NOT_SMALLER /
  * NICD_TOO_SHORT (out untouched), or a negative error. tiers[4], if not NULL, gets the tier
  * counts of the values sent. `scratch` holds at least (payload_len / 4) floats.
  */
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
-                        uint8_t tos, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
+                        uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
 
 /*
  * The GSO fast path (docs/wire-format.md, "Super-packets"): compress the payload of a TSO/GSO
@@ -77,7 +86,8 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
  * Each covers a contiguous range of the original sequence space and is an ordinary compressed
  * packet (its own shim header, seq = the start of its range), so the receiver restores each on
  * its own; ranges are cut at 8-float group boundaries of one encoded stream. Headers are copied
- * with seq, IP id (+1 per packet), lengths, ToS (`tos`) and full checksums set; PSH and FIN stay
+ * with seq, IP id (+1 per packet), lengths, ToS (`tos`), the IP checksum and the marked TCP
+ * checksum (as nicd_compress) set; PSH and FIN stay
  * on the last packet only, CWR on the first only. The packets are written back to back to out;
  * *nsegs gets how many (1..max_segs), seg_len[i] the i-th one's length. Returns the bytes
  * written, or NICD_NOT_SMALLER when any range's compressed form would not be smaller than the
@@ -86,12 +96,20 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
  * floats.
  */
 ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
-                            uint8_t tos, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
+                            uint8_t tos, uint16_t echo, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
                             int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
                             uint64_t *tiers);
 
+/* 1 if p's TCP checksum is wrong by exactly NICD_CSUM_MARK (what a soft NIC compressed: an intact
+ * original segment sums right and cannot be one), else 0. */
+int nicd_marked_checksum(const struct nicd_pkt *p);
+
+/* The echo field of a compressed packet's shim header (0 if the payload holds no header). */
+uint16_t nicd_echo(const struct nicd_pkt *p);
+
 /*
- * Restore a compressed packet: verify its TCP checksum and CRC32C, decode, write the original
+ * Restore a compressed packet: verify its TCP checksum (wrong by exactly NICD_CSUM_MARK) and
+ * CRC32C, decode, write the original
  * packet (ToS byte set to `tos`, lengths and checksums fixed) to out. Returns its length or a
  * negative error; never reads past p->len nor writes past cap. `scratch` holds 16384 floats.
  */

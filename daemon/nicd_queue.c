@@ -73,6 +73,8 @@ struct ctx {
     struct nicd_stats *st;
     int fd;
     uint16_t queue;    /* the queue of the packet being handled */
+    uint16_t echo;     /* egress: the echo field of the packet being compressed (the low bits of
+                          the peer's ISN, nicd_packet.h) */
     int n;             /* pending verdicts */
     size_t bytes;      /* ... and their size */
     struct verdict_msg msg[BATCH];
@@ -212,8 +214,14 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
 {
     nicd_flows_forget(k); /* our stack accepts this 4-tuple anew */
     struct nicd_hello h;
-    if (!nicd_hello_get(k, &h) || h.state == NICD_HELLO_SENT || p->ack != h.peer_isn + 1)
+    if (!nicd_hello_get(k, &h) || h.state == NICD_HELLO_SENT)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    if (p->ack != h.peer_isn + 1) {
+        /* Our stack answers another SYN on this 4-tuple: the hello (a spoofed SYN's, or one of an
+         * earlier connection) is stale and must not be confirmed for this connection. */
+        nicd_hello_take(k, (enum nicd_hello_state)h.state, h.isn);
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    }
     struct nicd_hello_opt o = our_option(cx, NICD_ROLE_ANSWER, p->tos, h.nonce);
     ptrdiff_t r = nicd_add_option(p, &o, (uint8_t)((p->tos & 3) | cx->cfg->tos_hello), OUT(cx),
                                   sizeof OUT(cx));
@@ -224,6 +232,7 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     }
     h.state = NICD_HELLO_ANSWERED; /* a retransmitted SYN-ACK is answered again */
     h.isn = p->seq;
+    h.tries = 0;
     if (nicd_hello_put(k, &h))
         COUNT(cx, HELLO_EVICTED, 1);
     COUNT(cx, HELLO_SENT, 1);
@@ -321,7 +330,7 @@ static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn,
 {
     *nsegs = 0;
     return nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
-                             (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), mtu, cx->segs, sizeof cx->segs,
+                             (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), cx->echo, mtu, cx->segs, sizeof cx->segs,
                              cx->seg_len, nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream, sizeof cx->stream, tiers);
 }
 
@@ -396,12 +405,13 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if (!dscp_is(p.tos, cx->cfg->tos_tagged) || p.payload_len == 0)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
-    uint32_t isn;
-    if (!nicd_flows_negotiated(&k, &isn)) {
+    uint32_t isn, peer_isn;
+    if (!nicd_flows_negotiated(&k, &isn, &peer_isn)) {
         COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
+    cx->echo = (uint16_t)(peer_isn & NICD_ECHO_MASK);
     if (cx->cfg->gso) {
         /* A GSO skb must never get a rewritten payload back in a verdict: it keeps its gso_size
          * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
@@ -413,7 +423,7 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
-                                (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), OUT(cx),
+                                (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->echo, OUT(cx),
                                 sizeof OUT(cx), cx->scratch, tiers);
     if (r <= NICD_TOO_SHORT) { /* not compressed: any result that is no packet length */
         if (r == NICD_TOO_SHORT)
@@ -470,7 +480,7 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        if (nicd_flows_negotiate(k, h.isn) < 0)
+        if (nicd_flows_negotiate(k, h.isn, p->seq) < 0)
             COUNT(cx, FLOW_TABLE_FULL, 1);
         else
             COUNT(cx, FLOWS_NEGOTIATED, 1);
@@ -480,18 +490,27 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
 
 /* The answerer learns that the initiator accepted its answer from the initiator's first
  * compressed packet: it must acknowledge our SYN, with an ack no further than CONFIRM_WINDOW
- * past our ISN (an off-path sender does not know the ISN). Only then do we compress too. */
+ * past our ISN, and echo the low NICD_ECHO_MASK bits of our ISN in its shim header. Only a
+ * host that saw our SYN-ACK knows the ISN: an off-path sender must guess 26 bits (14 the window
+ * leaves, 12 of the echo), and gets CONFIRM_TRIES guesses per answered hello, after which the
+ * hello is dropped (our direction stays raw). Only then do we compress too. */
 #define CONFIRM_WINDOW (1u << 18)
+#define CONFIRM_TRIES 8
 
 static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_key *k, struct ctx *cx)
 {
     struct nicd_hello h;
-    if (!nicd_hello_count() || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED ||
-        !h.agree || p->ack - h.isn - 1 >= CONFIRM_WINDOW || !(p->tcp_flags & TCP_ACK))
+    if (!nicd_hello_count() || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED || !h.agree)
         return;
+    if (p->ack - h.isn - 1 >= CONFIRM_WINDOW || !(p->tcp_flags & TCP_ACK) ||
+        nicd_echo(p) != (h.isn & NICD_ECHO_MASK)) {
+        if (nicd_hello_fail(k, h.isn, CONFIRM_TRIES))
+            COUNT(cx, CONFIRM_FAILED, 1);
+        return;
+    }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    if (nicd_flows_negotiate(k, h.isn) < 0)
+    if (nicd_flows_negotiate(k, h.isn, h.peer_isn) < 0)
         COUNT(cx, FLOW_TABLE_FULL, 1);
     else
         COUNT(cx, FLOWS_NEGOTIATED, 1);
@@ -523,7 +542,12 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
 
     if (dscp_is(p.tos, cx->cfg->tos_hello) && (syn & TCP_SYN))
         return ingress_hello(qh, id, &p, &k, syn, cx);
-    if (!dscp_is(p.tos, cx->cfg->tos_compressed)) /* the rules queue nothing else */
+    /* Queued without the compressed mark: a segment whose payload starts like a shim header
+     * (rules.py, LOOKS_COMPRESSED). It is a compressed packet whose DSCP the network rewrote only
+     * if its checksum is wrong by exactly the mark; anything else (an ordinary segment, or one
+     * corrupted in transit, which the stack drops) passes untouched. */
+    int rewritten = !dscp_is(p.tos, cx->cfg->tos_compressed);
+    if (rewritten && (syn & TCP_SYN || !nicd_marked_checksum(&p)))
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
     ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged), OUT(cx),
@@ -543,6 +567,11 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len);
     COUNT(cx, INGRESS_ORIG_BYTES, (size_t)r - p.payload_off);
     confirm_answered(&p, &k, cx);
+    if (rewritten) {
+        COUNT(cx, INGRESS_MARKS_REWRITTEN, 1);
+        if (nicd_flows_note_rewritten(&k))
+            COUNT(cx, FLOWS_MARKS_REWRITTEN, 1);
+    }
     return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 

@@ -48,6 +48,11 @@ enum nicd_counter {
                                  those packets count in egress_compressed */
     NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take (lost:
                                  TCP retransmits them) */
+    NICD_C_INGRESS_MARKS_REWRITTEN, /* compressed packets that arrived without the compressed
+                                       mark (the network rewrote the DSCP): restored all the same */
+    NICD_C_FLOWS_MARKS_REWRITTEN,   /* negotiated flows seen so (each counted once) */
+    NICD_C_CONFIRM_FAILED,    /* answered hellos given up after compressed packets that did not
+                                 confirm them (wrong echo or ack: guessed, not the peer's) */
     NICD_NCOUNTERS
 };
 

@@ -20,6 +20,13 @@ Ingress:
                                      In raw, before conntrack, so conntrack and every firewall
                                      rule see the restored lengths (an INVALID-drop rule would
                                      otherwise stall the flow)
+  raw PREROUTING -i IFACE: TCP without `tos_compressed` whose payload starts like a shim header
+                                     (LOOKS_COMPRESSED) -> ingress queue, bypass: a compressed
+                                     packet whose DSCP a router rewrote. nicd restores it if its
+                                     TCP checksum is wrong by exactly the mark (counted as
+                                     `ingress_marks_rewritten`), and passes anything else
+                                     untouched. Without nicd the stack drops such a packet by
+                                     its checksum, so this rule needs no fail-closed twin
   mangle PREROUTING -i IFACE: SYN / SYN-ACK with `tos_hello` -> ingress queue, bypass: without
                                      us the flow stays raw. Left after conntrack: nicd restores
                                      the ToS byte and removes its 16-byte hello option; conntrack
@@ -64,11 +71,14 @@ def _cbpf(*insns: tuple[int, int, int, int]) -> str:
 # Classic BPF opcodes (linux/filter.h); xt_bpf runs the program on the IP packet.
 _LDX_IPHDR, _LDB_X, _LD_LEN, _TXA, _TAX = 0xB1, 0x50, 0x80, 0x87, 0x07
 _ADD_K, _ADD_X, _RSH_K, _AND_K, _JGE_X, _JGT_X, _JSET_K, _RET_K = 0x04, 0x0C, 0x74, 0x54, 0x3D, 0x2D, 0x45, 0x06
+_SUB_K, _LDH_X, _JEQ_K = 0x14, 0x48, 0x15
 # Matches a TCP packet that could be a compressed segment: not a SYN, and a payload after the
 # headers (compressed segments always carry one, a 10-byte shim header at least), so SYNs and
 # pure ACKs of hosts that happen to use the compressed DSCP are never queued or dropped. A
 # packet too short for a TCP header matches too: nicd drops and counts it. (u32 cannot test
 # "payload of 1 byte or more", and a length match cannot see the header lengths.)
+# A = IP + TCP header length, with X = IP header length (4 instructions, no jumps)
+_HEADERS_LEN = ((_LDB_X, 0, 0, 12), (_RSH_K, 0, 0, 2), (_AND_K, 0, 0, 0x3C), (_ADD_X, 0, 0, 0))
 MAY_BE_COMPRESSED = _cbpf(
     (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
     (_TXA, 0, 0, 0),         # 1
@@ -81,15 +91,37 @@ MAY_BE_COMPRESSED = _cbpf(
     (_LDB_X, 0, 0, 13),      # 8  A = TCP flags
     (_JSET_K, 0, 1, 0x02),   # 9  SYN? -> 10, else 11
     (_RET_K, 0, 0, 0),       # 10 a SYN: no match
-    (_LDB_X, 0, 0, 12),      # 11 A = data offset << 4
-    (_RSH_K, 0, 0, 2),       # 12
-    (_AND_K, 0, 0, 0x3C),    # 13 A = TCP header length
-    (_ADD_X, 0, 0, 0),       # 14 A = IP + TCP header length
+    *_HEADERS_LEN,           # 11-14 A = IP + TCP header length
     (_TAX, 0, 0, 0),         # 15
     (_LD_LEN, 0, 0, 0),      # 16
     (_JGT_X, 0, 1, 0),       # 17 anything after the headers? -> 18, else 19
     (_RET_K, 0, 0, 1),       # 18 a payload: match
     (_RET_K, 0, 0, 0),       # 19 a pure ACK: no match
+)
+# The first two bytes of a compressed payload: magic 0x49, version 2 | codec 1 (nicd_packet.h;
+# tests/test_nicd_routed.py checks them against the C constants), and the shim header's length.
+SHIM_START, SHIM_LEN = 0x4921, 10
+# Matches a TCP segment, not a SYN, whose payload holds a shim header's worth of bytes and starts
+# with SHIM_START: what a compressed packet looks like after a router rewrote its DSCP. Only a
+# candidate: nicd tells by its TCP checksum (wrong by exactly NICD_CSUM_MARK) and lets every
+# other packet through untouched.
+LOOKS_COMPRESSED = _cbpf(
+    (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
+    (_LDB_X, 0, 0, 13),      # 1  A = TCP flags
+    (_JSET_K, 0, 1, 0x02),   # 2  SYN? -> 3, else 4
+    (_RET_K, 0, 0, 0),       # 3  a SYN: no match
+    *_HEADERS_LEN,           # 4-7 A = IP + TCP header length
+    (_ADD_K, 0, 0, SHIM_LEN),  # 8
+    (_TAX, 0, 0, 0),         # 9  X = payload offset + a shim header
+    (_LD_LEN, 0, 0, 0),      # 10
+    (_JGE_X, 0, 6, 0),       # 11 room for a shim header? -> 12, else 18
+    (_TXA, 0, 0, 0),         # 12
+    (_SUB_K, 0, 0, SHIM_LEN),  # 13
+    (_TAX, 0, 0, 0),         # 14 X = payload offset
+    (_LDH_X, 0, 0, 0),       # 15 A = the payload's first two bytes
+    (_JEQ_K, 0, 1, SHIM_START),  # 16 -> 17, else 18
+    (_RET_K, 0, 0, 1),       # 17 looks compressed: match
+    (_RET_K, 0, 0, 0),       # 18 no match
 )
 QUEUE_PROC = Path("/proc/self/net/netfilter/nfnetlink_queue")  # this network namespace's
 log = logging.getLogger("inceptionn.nicd")
@@ -147,6 +179,8 @@ def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
              + _queue_target(cfg.egress_queues, True)),
             ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),
             ("raw", _compressed(cfg, ifname) + tag + _queue_target(cfg.ingress_queues, False)),
+            ("raw", inn + ["-m", "dscp", "!", "--dscp", str(cfg.tos_compressed >> 2), "-m", "bpf", "--bytecode",
+                           LOOKS_COMPRESSED] + tag + _queue_target(cfg.ingress_queues, True)),
             ("mangle", inn + ["--tcp-flags", "SYN", "SYN"] + _dscp(cfg.tos_hello) + tag
              + _queue_target(cfg.ingress_queues, True)),
         ]

@@ -287,3 +287,65 @@ def teardown(name: str = DEFAULT_NAME, progress: Callable[[str], None] | None = 
         ns.delete(netns_name)
         removed.append(netns_name)
     return removed
+
+
+ROUTER_ROLE = "r1"
+
+
+def router_netns(name: str) -> str:
+    return f"{_prefix(name)}{ROUTER_ROLE}"
+
+
+class RoutedTestbed(Testbed):
+    """N hosts, each on its own /24, joined by a router namespace that forwards between them:
+
+        inc-<name>-h1  eth0 198.18.1.2/24 --veth-- h1 198.18.1.1 \\
+        inc-<name>-h2  eth0 198.18.2.2/24 --veth-- h2 198.18.2.1  }- inc-<name>-r1 (ip_forward)
+        ...                                                      /
+
+    For what a network between the hosts does to packets (DSCP rewriting, firewalls, NAT, a
+    smaller MTU): rules go on ``tb.router`` (a Host whose ``run``/``popen`` act in the router
+    namespace; its ``ifname`` is the port toward h1). Each host routes 198.18.0.0/15 through the
+    router and nothing else; links are shaped as in Testbed. ``down`` (by prefix) removes it."""
+
+    def __init__(self, hosts: int = 2, rate: str | int | None = None, mtu: int = 1500,
+                 name: str = DEFAULT_NAME, progress: Callable[[str], None] | None = None):
+        super().__init__(hosts=hosts, rate=rate, mtu=mtu, prefix="198.18.0.0/16", name=name, progress=progress)
+        if self.n_hosts > 250:
+            raise UserError(f"a routed testbed has room for 250 hosts, not {self.n_hosts}")
+        self.switch = router_netns(self.name)
+        self.router: Host | None = None
+
+    def _build(self) -> None:
+        self.progress(f"testbed {self.name}: creating router {self.switch}")
+        ns.create(self.switch)
+        self._created.append(self.switch)
+        ns.run(self.switch, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"], check=True)
+        with ns.ipr(self.switch) as r:
+            r.link("set", index=r.link_lookup(ifname="lo")[0], state="up")
+            for i in range(1, self.n_hosts + 1):
+                self.progress(f"testbed {self.name}: host h{i}/{self.n_hosts}")
+                self.hosts.append(self._add_routed_host(r, i))
+        self.router = Host(name=ROUTER_ROLE, netns=self.switch, ifname="h1", ip="198.18.1.1", prefixlen=24,
+                           mtu=self.mtu, rate_bps=self.rate_bps, switch_port="h1")
+
+    def _add_routed_host(self, r, i: int) -> Host:
+        host_ns = host_netns(self.name, i)
+        port, gateway, ip = f"h{i}", f"198.18.{i}.1", f"198.18.{i}.2"
+        ns.create(host_ns)
+        self._created.append(host_ns)
+        r.link("add", ifname=port, kind="veth", peer={"ifname": HOST_IFNAME, "net_ns_fd": host_ns})
+        port_index = r.link_lookup(ifname=port)[0]
+        r.link("set", index=port_index, mtu=self.mtu, state="up")
+        r.addr("add", index=port_index, address=gateway, prefixlen=24)
+        with ns.ipr(host_ns) as h:
+            h.link("set", index=h.link_lookup(ifname="lo")[0], state="up")
+            eth = h.link_lookup(ifname=HOST_IFNAME)[0]
+            h.link("set", index=eth, mtu=self.mtu, state="up")
+            h.addr("add", index=eth, address=ip, prefixlen=24)
+            h.route("add", dst=str(BENCHMARK_NET), gateway=gateway)
+        if self.rate_bps:
+            link.shape(HOST_IFNAME, netns=host_ns, rate=self.rate_bps)
+            link.shape(port, netns=self.switch, rate=self.rate_bps)
+        return Host(name=f"h{i}", netns=host_ns, ifname=HOST_IFNAME, ip=ip, prefixlen=24, mtu=self.mtu,
+                    rate_bps=self.rate_bps, switch_port=port)

@@ -13,6 +13,17 @@
     spoof-synack --iface IF [--port P]
           sniff the next handshake (to port P) on IF (run it in the server's namespace), then send
           the client copies of the server's real SYN-ACK marked DSCP 12 (see SPOOFS), in order.
+    serve --bind IP --port P --data FILE --go FILE [--tos 0x28]
+          listen, print "listening", accept one connection, print "accepted", wait until the
+          file --go exists, send FILE, close.
+    fetch --host IP --port P --sport S --out FILE
+          connect from port S (untagged), print "connected", write all that arrives to FILE.
+    spoof-hello --src IP --sport S --dst IP --dport P --isn X
+          an off-path attacker: send one SYN from src:S with the hello option (our settings, a
+          made-up nonce) and the hello mark, through a raw socket.
+    guess-confirm --src IP --sport S --dst IP --dport P --seq X [--steps 16384] [--echo E]
+          then guess the answerer's confirmation: compressed segments from src:S (seq X, built
+          by the soft NIC's own code) whose acks step through the sequence space by 2^32/steps.
 
 Only the standard library for recv/send, so they start fast.
 """
@@ -36,9 +47,14 @@ def set_md5(s, peer: str, key: bytes = b"inceptionn-test") -> None:
 
 
 def recv(a):
+    return _drain(_accept_one(a, a.md5_peer), a.out)
+
+
+def _accept_one(a, md5_peer=None):
+    """Listen on a.bind:a.port (IP_TOS a.tos if given), print "listening", accept one."""
     s = socket.socket()
-    if a.md5_peer:
-        set_md5(s, a.md5_peer)
+    if md5_peer:
+        set_md5(s, md5_peer)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if a.tos is not None:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
@@ -48,7 +64,13 @@ def recv(a):
     s.settimeout(a.timeout)
     c, _ = s.accept()
     c.settimeout(a.timeout)
-    with open(a.out, "wb") as f:
+    return c
+
+
+def _drain(c, path) -> int:
+    """Append what arrives on c to path, flushed after every read (tests watch it grow), until
+    the peer closes."""
+    with open(path, "wb") as f:
         while True:
             b = c.recv(1 << 20)
             if not b:
@@ -92,6 +114,91 @@ def send(a):
     return 0
 
 
+def serve(a):
+    c = _accept_one(a)
+    print("accepted", flush=True)
+    while not os.path.exists(a.go):
+        time.sleep(0.02)
+    c.sendall(open(a.data, "rb").read())
+    c.close()
+    return 0
+
+
+def fetch(a):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", a.sport))
+    s.settimeout(a.timeout)
+    s.connect((a.host, a.port))
+    print("connected", flush=True)
+    return _drain(s, a.out)
+
+
+def tcp_segment(src: str, dst: str, sport: int, dport: int, seq: int, ack: int, flags: int, tos: int,
+                 options: bytes = b"", payload: bytes = b"") -> bytes:
+    from inceptionn.daemon._datapath import lib
+    thl = 20 + len(options)
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, seq, ack, (thl // 4) << 4, flags, 64240, 0, 0) + options
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, tos, 20 + thl + len(payload), 0, 0x4000, 64, 6, 0,
+                     socket.inet_aton(src), socket.inet_aton(dst))
+    pkt = bytearray(ip + tcp + payload)
+    pkt[36:38] = struct.pack("=H", lib.nicd_tcp_checksum(bytes(pkt), len(pkt)))
+    return bytes(pkt)
+
+
+def parsed(buf: bytes):
+    from inceptionn.daemon._datapath import ffi, lib
+    p, keep = ffi.new("struct nicd_pkt *"), ffi.from_buffer(buf)
+    assert lib.nicd_parse(keep, len(buf), p) == 0
+    return p, keep
+
+
+def _raw_socket():
+    return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+
+
+def spoof_hello(a):
+    from inceptionn.daemon._datapath import ffi, lib
+    syn = tcp_segment(a.src, a.dst, a.sport, a.dport, a.isn, 0, 0x02, 0x28, struct.pack("!BBH", 2, 4, 1460))
+    p, keep = parsed(syn)
+    o = ffi.new("struct nicd_hello_opt *")
+    o.version, o.role, o.codec, o.error_bound, o.tos_compressed, o.orig_tos = getattr(lib, "NICD_VERSION", 1), 1, 1, -10, 0x2C, 0x28
+    o.nonce = list(os.urandom(6))
+    out = ffi.new("uint8_t[]", 200)
+    n = lib.nicd_add_option(p, o, 0x30, out, len(out))
+    assert n > 0, n
+    _raw_socket().sendto(bytes(ffi.buffer(out, n)), (a.dst, 0))
+    print("spoofed hello", flush=True)
+    return 0
+
+
+def guess_confirm(a):
+    import numpy as np
+    from inceptionn.daemon._datapath import ffi, lib
+    x = (np.random.default_rng(7).standard_normal(360) * 1e-3).astype(np.float32).tobytes()
+    out, scratch = ffi.new("uint8_t[]", 4096), ffi.new("float[]", 16400)
+    pkts, step = [], (1 << 32) // a.steps
+    for i in range(a.steps):
+        seg = tcp_segment(a.src, a.dst, a.sport, a.dport, a.seq, (i * step + 1) & 0xFFFFFFFF, 0x18, 0x28, payload=x)
+        p, keep = parsed(seg)
+        try:  # the soft NIC's own packet, whichever wire version this build speaks
+            n = lib.nicd_compress(p, 0, -10, 0x2C, a.echo, out, len(out), scratch, ffi.NULL)
+        except TypeError:
+            n = lib.nicd_compress(p, 0, -10, 0x2C, out, len(out), scratch, ffi.NULL)
+        assert n > 40, n
+        pkts.append(bytes(ffi.buffer(out, n)))
+    s = _raw_socket()
+    for pkt in pkts:
+        while True:
+            try:
+                s.sendto(pkt, (a.dst, 0))
+                break
+            except OSError:  # ENOBUFS: the qdisc is full for a moment
+                time.sleep(0.001)
+    print(f"guessed {len(pkts)}", flush=True)
+    return 0
+
+
 # --- hostile packets -------------------------------------------------------------------------
 
 def _crc32c(buf: bytes) -> int:
@@ -99,7 +206,16 @@ def _crc32c(buf: bytes) -> int:
     return lib.nicd_crc32c(0, ffi.from_buffer(buf), len(buf))
 
 
-def shim(n: int, body: bytes, *, magic=0x49, ver=0x11, ht=0, crc=None) -> bytes:
+def mark_checksum(raw: bytes) -> bytes:
+    """An IPv4/TCP packet whose TCP checksum is right, made wrong by exactly NICD_CSUM_MARK, as a
+    soft NIC sends a compressed packet (daemon/nicd_packet.h)."""
+    from inceptionn.daemon._datapath import lib
+    at = (raw[0] & 15) * 4 + 16
+    v = struct.unpack("!H", raw[at:at + 2])[0] + lib.NICD_CSUM_MARK
+    return raw[:at] + struct.pack("!H", (v & 0xFFFF) + (v >> 16)) + raw[at + 2:]
+
+
+def shim(n: int, body: bytes, *, magic=0x49, ver=0x21, ht=0, crc=None) -> bytes:
     """A compressed payload: 10-byte header (daemon/nicd_packet.h) + body, CRC32C made valid
     unless ``crc`` is given."""
     hdr = bytes([magic, ver, ht, 0]) + struct.pack("<H", n)
@@ -113,7 +229,7 @@ KINDS = {
     "random": "drop_header",       # random bytes, first byte not the magic
     "truncated": "drop_header",    # shorter than the 10-byte header
     "magic": "drop_header",        # well-formed header with the wrong magic
-    "version": "drop_header",      # wrong version/codec byte
+    "version": "drop_header",      # wrong version/codec byte (version 1's)
     "huge_n": "drop_too_big",      # valid CRC, n = 65535 floats (would restore to 256 KiB)
     "bad_crc": "drop_crc",         # valid header, CRC does not match
     "decode": "drop_decode",       # valid header and CRC, n = 200 but no group stream
@@ -154,11 +270,11 @@ def craft(a):
             body = bytes([rnd.choice([b for b in range(256) if b != 0x49])]) + rnd.randbytes(rnd.randrange(10, 1400))
             pkts.append(ip / tcp / Raw(body))
         elif k == "truncated":
-            pkts.append(ip / tcp / Raw(bytes([0x49, 0x11, 0, 0, 5])[: 1 + i % 5]))
+            pkts.append(ip / tcp / Raw(bytes([0x49, 0x21, 0, 0, 5])[: 1 + i % 5]))
         elif k == "magic":
             pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), magic=0x48)))
         elif k == "version":
-            pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), ver=0x21)))
+            pkts.append(ip / tcp / Raw(shim(4, rnd.randbytes(12), ver=0x11)))
         elif k == "huge_n":
             pkts.append(ip / tcp / Raw(shim(65535, rnd.randbytes(64))))
         elif k == "bad_crc":
@@ -181,6 +297,9 @@ def craft(a):
                         / Raw(shim(8, rnd.randbytes(20))))
         else:
             raise SystemExit(f"unknown kind {k!r}")
+    # TCP checksums as a soft NIC sends them (wrong by the mark), but for the kinds about checksums
+    pkts = [IP(mark_checksum(bytes(p))) if k not in ("checksum", "tiny_ip", "udp") else p
+            for p, k in zip(pkts, [k for k in a.kinds.split(",") for _ in range(a.count)])]
     scapy_send(pkts, inter=0.002)
     print(f"sent {len(pkts)}", flush=True)
     return 0
@@ -265,8 +384,34 @@ def main():
     f.add_argument("--port", type=int, default=0, help="the server's port (default: the first SYN's)")
     f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS)}")
     f.add_argument("--timeout", type=float, default=30)
+    v = sub.add_parser("serve")
+    v.add_argument("--bind", required=True)
+    v.add_argument("--port", type=int, required=True)
+    v.add_argument("--data", required=True)
+    v.add_argument("--go", required=True)
+    v.add_argument("--tos", type=lambda t: int(t, 0), default=0x28)
+    v.add_argument("--timeout", type=float, default=60)
+    g = sub.add_parser("fetch")
+    g.add_argument("--host", required=True)
+    g.add_argument("--port", type=int, required=True)
+    g.add_argument("--sport", type=int, required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--timeout", type=float, default=60)
+    for name in ("spoof-hello", "guess-confirm"):
+        h = sub.add_parser(name)
+        h.add_argument("--src", required=True)
+        h.add_argument("--sport", type=int, required=True)
+        h.add_argument("--dst", required=True)
+        h.add_argument("--dport", type=int, required=True)
+        if name == "spoof-hello":
+            h.add_argument("--isn", type=int, required=True)
+        else:
+            h.add_argument("--seq", type=int, required=True)
+            h.add_argument("--steps", type=int, default=16384)
+            h.add_argument("--echo", type=int, default=0)
     a = p.parse_args()
-    return {"recv": recv, "send": send, "craft": craft, "spoof-synack": spoof_synack}[a.mode](a)
+    return {"recv": recv, "send": send, "craft": craft, "spoof-synack": spoof_synack, "serve": serve, "fetch": fetch,
+            "spoof-hello": spoof_hello, "guess-confirm": guess_confirm}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def test_super_packet_cut_into_mtu_packets_that_restore_alone(grads, mtu, stream
     assert lib.nicd_parse(keep, len(pkt), p) == 0
     out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
     scratch, stream = ffi.new("float[]", 16400), ffi.new("uint8_t[]", 2048 * 34)
-    r = lib.nicd_compress_gso(p, stream_off, -10, 0x2C, mtu, out, len(out), seg_len, nsegs, 64, scratch,
+    r = lib.nicd_compress_gso(p, stream_off, -10, 0x2C, 0, mtu, out, len(out), seg_len, nsegs, 64, scratch,
                               stream, len(stream), ffi.NULL)
     assert r > 2, r
     buf = bytes(ffi.buffer(out, r))
@@ -95,7 +95,7 @@ def test_super_packets_of_every_size_compress(grads, mtu):
         keep = ffi.from_buffer(pkt)
         p = ffi.new("struct nicd_pkt *")
         assert lib.nicd_parse(keep, len(pkt), p) == 0
-        r = lib.nicd_compress_gso(p, 0, -10, 0x2C, mtu, out, len(out), seg_len, nsegs, 64, scratch, stream,
+        r = lib.nicd_compress_gso(p, 0, -10, 0x2C, 0, mtu, out, len(out), seg_len, nsegs, 64, scratch, stream,
                                   len(stream), ffi.NULL)
         if r <= 2:
             refused.append(length)
@@ -110,7 +110,7 @@ def test_super_packet_that_does_not_compress_is_left_whole():
     p = ffi.new("struct nicd_pkt *")
     assert lib.nicd_parse(keep, len(pkt), p) == 0
     out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
-    r = lib.nicd_compress_gso(p, 0, -10, 0x2C, 1500, out, len(out), seg_len, nsegs, 64, ffi.new("float[]", 16400),
+    r = lib.nicd_compress_gso(p, 0, -10, 0x2C, 0, 1500, out, len(out), seg_len, nsegs, 64, ffi.new("float[]", 16400),
                               ffi.new("uint8_t[]", 2048 * 34), 2048 * 34, ffi.NULL)
     assert r == 1  # NICD_NOT_SMALLER: the caller accepts the super-packet unchanged
 

@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from netns_helpers import wait_until
 from test_nicd import PEER, PY, Transfer, assert_restored_or_raw, make_testbed, recon, running_nicd
 
 from inceptionn.daemon._datapath import ffi, lib
@@ -24,13 +25,14 @@ import nicd_peer  # noqa: E402
 
 
 def compressed_packet(payload: bytes) -> bytes:
-    """IPv4/TCP (no options) with the compressed mark around ``payload``, checksums valid."""
+    """IPv4/TCP (no options) with the compressed mark around ``payload``, checksums as a soft NIC
+    sends them (the TCP checksum wrong by exactly NICD_CSUM_MARK)."""
     tcp = struct.pack("!HHIIBBHHH", 40000, 5001, 1, 1, 5 << 4, 0x18, 1000, 0, 0)
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0x2C, 40 + len(payload), 0, 0, 64, 6, 0,
                      bytes([198, 18, 0, 1]), bytes([198, 18, 0, 2]))
     pkt = bytearray(ip + tcp + payload)
     pkt[36:38] = struct.pack("=H", lib.nicd_tcp_checksum(bytes(pkt), len(pkt)))
-    return bytes(pkt)
+    return nicd_peer.mark_checksum(bytes(pkt))
 
 
 # --- restored length and the 16-bit netlink attribute length ---------------------------------
@@ -58,7 +60,7 @@ def test_compress_leaves_packets_the_peer_could_not_restore_raw():
         p = ffi.new("struct nicd_pkt *")
         keep = ffi.from_buffer(pkt)
         assert lib.nicd_parse(keep, len(pkt), p) == 0
-        r = lib.nicd_compress(p, 0, -10, 0x2C, out, len(out), scratch, ffi.NULL)
+        r = lib.nicd_compress(p, 0, -10, 0x2C, 0, out, len(out), scratch, ffi.NULL)
         assert (r > 2) == want_compressed, (total, r)
 
 
@@ -224,3 +226,76 @@ def test_spoofed_hello_flood_while_a_compressed_flow_runs(tmp_path, grads):
     for d in (d1c, d2c):
         for key in ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big"):
             assert d[key] == 0, (key, report)
+
+
+# --- an off-path attacker guessing the answerer's confirmation (issue 19, item 2) -------------
+
+def _wait_line(proc, want: str):
+    line = proc.stdout.readline().strip()
+    assert line == want, f"{want!r} expected, got {line!r}: {proc.stderr.read() if proc.poll() is not None else ''}"
+
+
+@needs_root
+def test_spoofed_hello_and_guessed_confirmations_never_make_the_answerer_compress(tb_name, tmp_path, small):
+    """Host - router - host, and an attacker h3 on another port of the router that spoofs h1's
+    address (it never sees h1 <-> h2 traffic). h2 runs nicd and a tagged server; h1 has no soft
+    NIC. The attacker sends h2 a hello SYN for the 4-tuple h1 then really uses (h2's SYN-ACK
+    is answered, h1 resets it), h1 connects on it, then the attacker sends 16,384 compressed
+    ACKs whose acks step through the whole sequence space by 2^18, before h2's server writes.
+    h1 must get the server's bytes raw: no flow negotiated, nothing compressed. A second hello
+    on a 4-tuple nobody then uses, guessed the same way, must be given up (confirm_failed)."""
+    from inceptionn.kernel_tc.testbed import RoutedTestbed
+    data = small[:100_000].tobytes()
+    src = tmp_path / "serve.bin"
+    src.write_bytes(data)
+    out, go = tmp_path / "fetched.bin", tmp_path / "go"
+    with RoutedTestbed(hosts=3, mtu=1500, name=tb_name) as tb:
+        h1, h2, h3 = tb.hosts
+        tb.router.run(["sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.h3.rp_filter=0"],
+                      check=True)  # a router that does not check sources: the attacker's packets pass
+        port, sport = 5950, 41000
+
+        def attack(mode, a_sport, *extra, dport=port):
+            r = h3.run([PY, PEER, mode, "--src", h1.ip, "--sport", a_sport, "--dst", h2.ip, "--dport", dport, *extra],
+                       capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+
+        with running_nicd(h2, tmp_path) as d2:
+            server = h2.popen([PY, PEER, "serve", "--bind", h2.ip, "--port", port, "--data", src, "--go", go],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            client = listener = None
+            try:
+                _wait_line(server, "listening")
+                attack("spoof-hello", sport, "--isn", 1000)
+                assert wait_until(lambda: d2.counters()["hello_sent"] == 1, 5.0), d2.counters()
+                time.sleep(0.3)  # h1 resets the SYN-ACK it never asked for
+                client = h1.popen([PY, PEER, "fetch", "--host", h2.ip, "--port", port, "--sport", sport,
+                                   "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                _wait_line(client, "connected")
+                _wait_line(server, "accepted")
+                attack("guess-confirm", sport, "--seq", 1001)
+                time.sleep(0.5)
+                go.touch()
+                assert server.wait(timeout=60) == 0, server.stderr.read()
+                assert client.wait(timeout=60) == 0, client.stderr.read()
+                after_real = d2.counters()
+                # the same guesses on a hello no real connection follows (a listener answers it)
+                listener = h2.popen([PY, PEER, "recv", "--bind", h2.ip, "--port", port + 1, "--out",
+                                     tmp_path / "unused.bin"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                _wait_line(listener, "listening")
+                attack("spoof-hello", sport, "--isn", 5000, dport=port + 1)
+                assert wait_until(lambda: d2.counters()["hello_sent"] == 2, 5.0), d2.counters()
+                attack("guess-confirm", sport, "--seq", 5001, dport=port + 1)
+                # (not all 16,384 need reach the queue in a burst: the 8th failure settles it)
+                assert wait_until(lambda: (lambda c: c["confirm_failed"] or c["flows_negotiated"])(d2.counters()),
+                                  20.0), d2.counters()
+                c2 = d2.counters()
+            finally:
+                for p in (server, client, listener):
+                    if p is not None and p.poll() is None:
+                        p.kill()
+                        p.wait()
+    assert out.read_bytes() == data, "h1 (no soft NIC) got other bytes than the server wrote"
+    assert after_real["flows_negotiated"] == 0 and after_real["egress_compressed"] == 0, after_real
+    assert c2["flows_negotiated"] == 0 and c2["egress_compressed"] == 0, c2
+    assert c2["confirm_failed"] == 1, c2

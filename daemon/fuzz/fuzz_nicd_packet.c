@@ -2,8 +2,10 @@
  * libFuzzer target for the soft NIC's packet transforms: the input is an IPv4 packet as it would
  * arrive from the network, copied to an exactly-sized buffer. Whatever parses is restored (the
  * ingress path) and compressed at every stream offset (the egress path); a compressed packet
- * must restore, to the same length, and never exceed the original. A second copy gets a valid
- * CRC32C and TCP checksum first, so mutations reach the header checks and the decoder instead of
+ * must restore, to the same length, and never exceed the original, carry the echo it was given,
+ * and have a TCP checksum wrong by exactly NICD_CSUM_MARK (no stack could take it unrestored),
+ * while an original with a right checksum is never restorable. A second copy gets a valid
+ * CRC32C and a TCP checksum marked as a soft NIC's first, so mutations reach the header checks and the decoder instead of
  * stopping at the integrity checks. The hello option: whatever option list arrives is searched
  * (and a found option removed again); inserting our option into any parsed packet and removing
  * it must give back the same bytes.
@@ -28,14 +30,16 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off)
     size_t len[64];
     for (size_t m = 0; m < sizeof mtus / sizeof *mtus; m++) {
         int n = 0;
-        ptrdiff_t r = nicd_compress_gso(p, off, -10, 0x2C, mtus[m], segs, sizeof segs, len, &n, 64,
+        uint16_t echo = (uint16_t)((p->seq ^ mtus[m]) & NICD_ECHO_MASK);
+        ptrdiff_t r = nicd_compress_gso(p, off, -10, 0x2C, echo, mtus[m], segs, sizeof segs, len, &n, 64,
                                         scratch, stream, sizeof stream, NULL);
         if (r <= (ptrdiff_t)NICD_TOO_SHORT)
             continue;
         size_t at = 0, covered = 0;
         for (int i = 0; i < n; i++) {
             struct nicd_pkt c;
-            if (len[i] > mtus[m] || nicd_parse(segs + at, len[i], &c) != NICD_OK || c.seq != (uint32_t)(p->seq + covered))
+            if (len[i] > mtus[m] || nicd_parse(segs + at, len[i], &c) != NICD_OK || c.seq != (uint32_t)(p->seq + covered) ||
+                !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
                 abort();
             ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
             if (b <= 0 || c.payload_len >= (size_t)b - c.payload_off)
@@ -89,6 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (p.len > size || p.payload_off + p.payload_len != p.len)
             abort();
         nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
+        nicd_echo(&p);
         if (p.payload_len >= NICD_HDR_LEN) {
             uint8_t *c = pkt + p.payload_off;
             memset(c + 6, 0, 4);
@@ -99,16 +104,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pkt[p.ihl + 16] = pkt[p.ihl + 17] = 0;
         uint16_t sum = nicd_tcp_checksum(pkt, p.len);
         memcpy(pkt + p.ihl + 16, &sum, 2);
-        nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
+        /* a right checksum: an ordinary segment, never restored (whatever its payload says) */
+        if (nicd_marked_checksum(&p) || nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch) != NICD_E_CHECKSUM)
+            abort();
         check_option(&p);
+        /* the same with the checksum marked as a compressed packet's (big-endian arithmetic) */
+        uint32_t want = (uint32_t)((pkt[p.ihl + 16] << 8) | pkt[p.ihl + 17]) + NICD_CSUM_MARK;
+        want = (want & 0xFFFF) + (want >> 16);
+        pkt[p.ihl + 16] = (uint8_t)(want >> 8), pkt[p.ihl + 17] = (uint8_t)want;
+        if (!nicd_marked_checksum(&p))
+            abort();
+        nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
         check_gso(&p, (uint32_t)size & 3);
         for (uint32_t off = 0; off < 4; off++) {
-            ptrdiff_t r = nicd_compress(&p, off, -10, 0x2C, out, sizeof out, scratch, NULL);
+            uint16_t echo = (uint16_t)((p.ack + off) & NICD_ECHO_MASK);
+            ptrdiff_t r = nicd_compress(&p, off, -10, 0x2C, echo, out, sizeof out, scratch, NULL);
             if (r > (ptrdiff_t)NICD_TOO_SHORT) {
                 if ((size_t)r >= p.len)
                     abort(); /* never bigger */
                 struct nicd_pkt c;
-                if (nicd_parse(out, (size_t)r, &c) != NICD_OK)
+                if (nicd_parse(out, (size_t)r, &c) != NICD_OK || !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
                     abort();
                 ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
                 if (b != (ptrdiff_t)p.len)
