@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -42,11 +43,21 @@ def _root_inceptionn_rules() -> list[str]:
     return [line for line in out.splitlines() if "inceptionn" in line]
 
 
+def _another_live_run(name: str) -> bool:
+    """A namespace named for a process (inc-t<pid>_..., inc-nt<pid>_..., inc-bnic<pid>-...) that
+    is alive and is not this run: another test run or benchmark sharing the machine. One that a
+    child of ours leaked names a process that has exited, so it still counts."""
+    m = re.match(r"inc-[a-z]+(\d+)", name)
+    if not m or int(m[1]) == os.getpid() % 100000:
+        return False
+    return os.path.exists(f"/proc/{int(m[1])}")
+
+
 def snapshot() -> dict:
     return {
         "netns": ns.list_netns(f"inc-{SESSION_TAG}"),
         # every testbed's namespaces, also those of benchmarks that name their own (bnic<pid>, bar<pid>)
-        "all_netns": ns.list_netns("inc-"),
+        "all_netns": [n for n in ns.list_netns("inc-") if not _another_live_run(n)],
         "root_links": _root_links(),
         "root_qdiscs": _root_qdiscs(),
         "root_rules": _root_inceptionn_rules(),
