@@ -127,10 +127,12 @@ def test_stale_socket_is_replaced_and_removed_on_stop(tmp_path, tb_name):
 
 # --- item 9: a second signal while stopping ----------------------------------------------------
 
-def test_second_signal_during_stop_leaves_no_rule(tmp_path, tb_name):
-    """As a terminal's double Ctrl-C does: SIGINT to the daemon's whole process group, again
-    and again while it stops (its iptables children are in that group unless nicd keeps them
-    out). Five runs: each stop exits 0, says it removed all 5 rules, and leaves none."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "timeout"])
+def test_second_signal_during_stop_leaves_no_rule(tmp_path, tb_name, sig):
+    """As a terminal's double Ctrl-C (SIGINT) or `timeout` (SIGTERM) does: the signal to the
+    daemon's whole process group, again and again while it stops (its iptables children are in
+    that group unless nicd keeps them out). Five runs: each stop exits 0, says it removed all 5
+    rules, and leaves none."""
     with one_host(tb_name) as h:
         for run in range(5):
             sock, log = tmp_path / f"r{run}.sock", tmp_path / f"r{run}.log"
@@ -139,12 +141,12 @@ def test_second_signal_during_stop_leaves_no_rule(tmp_path, tb_name):
                 ready(p, log)
                 installed = queue_rules(h)
                 assert len(installed) == 5, installed
-                os.killpg(p.pid, signal.SIGINT)
-                # keep pressing Ctrl-C (every 2 ms) until the daemon has exited
+                os.killpg(p.pid, sig)
+                # keep signalling (every 2 ms) until the daemon has exited
                 deadline, pressed = time.monotonic() + 30, 1
                 while p.poll() is None and time.monotonic() < deadline:
                     try:
-                        os.killpg(p.pid, signal.SIGINT)
+                        os.killpg(p.pid, sig)
                         pressed += 1
                     except ProcessLookupError:
                         break
@@ -153,7 +155,7 @@ def test_second_signal_during_stop_leaves_no_rule(tmp_path, tb_name):
             finally:
                 stop_all(p)
             text = log.read_text()
-            assert queue_rules(h) == [], f"run {run}: rules left after {pressed} SIGINTs:\n{text}"
+            assert queue_rules(h) == [], f"run {run}: rules left after {pressed} signals:\n{text}"
             assert "removed 5 rule(s)" in text, text
             assert pressed > 1, pressed
             assert "Traceback" not in text, text
