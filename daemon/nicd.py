@@ -50,17 +50,27 @@ def setup_logging(level: str) -> None:
 overrides_from = config.overrides_from  # every config key has a flag
 
 
-def _configured_socket(args) -> str:
-    """The stats socket a cleanup looks at: --socket, else the config file's, else the default.
-    Read leniently: a broken config file must not keep ExecStopPost from cleaning up."""
-    if args.socket:
-        return args.socket
+def _configured(args, key: str) -> str:
+    """A path setting a cleanup looks at (socket, metrics_textfile): its flag, else the config
+    file's, else the default. Read leniently: a broken config file must not keep ExecStopPost
+    from cleaning up."""
+    if getattr(args, key, None):
+        return getattr(args, key)
     path = Path(args.config) if args.config else config.DEFAULT_PATH
     try:
-        sock = tomllib.loads(path.read_bytes().decode()).get("socket")
+        value = tomllib.loads(path.read_bytes().decode()).get(key)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        sock = None
-    return sock if isinstance(sock, str) and sock.startswith("/") else config.NicdConfig().socket
+        value = None
+    return value if isinstance(value, str) and value.startswith("/") else getattr(config.NicdConfig(), key)
+
+
+def _remove_stale_files(args) -> None:
+    """A crashed daemon's socket, and its metrics file (counters nobody updates any more must
+    not be served as current)."""
+    stats.remove_stale(_configured(args, "socket"))
+    textfile = _configured(args, "metrics_textfile")
+    if textfile.endswith(".prom") and not rules.running_instances():  # else a running daemon's
+        metrics.remove_textfile(textfile)
 
 
 def cleanup(args) -> int:
@@ -68,7 +78,7 @@ def cleanup(args) -> int:
     stale socket: systemd's ExecStopPost. The fail-closed drops stay."""
     rules.check_access()
     n = rules.remove_dead()
-    stats.remove_stale(_configured_socket(args))
+    _remove_stale_files(args)
     print(f"nicd cleanup: removed {n} rule(s); the drop of compressed packets stays "
           "(`inceptionn nicd --uninstall` removes it)", file=sys.stderr)
     return 0
@@ -82,7 +92,7 @@ def uninstall(args) -> int:
         raise UserError(f"nicd is running (queue base {', '.join(map(str, running))}); stop it before "
                         "--uninstall (systemctl stop inceptionn-nicd)")
     n = rules.remove_everything()
-    stats.remove_stale(_configured_socket(args))
+    _remove_stale_files(args)
     print(f"nicd uninstall: removed {n} rule(s)", file=sys.stderr)
     return 0
 

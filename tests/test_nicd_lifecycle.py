@@ -125,6 +125,27 @@ def test_stale_socket_is_replaced_and_removed_on_stop(tmp_path, tb_name):
     assert not path.exists()
 
 
+def test_cleanup_removes_a_killed_daemons_metrics_file(tmp_path, tb_name):
+    """SIGKILL leaves the metrics file with counters nobody updates; --cleanup (the unit's
+    ExecStopPost) removes it with the rules, so node_exporter stops serving them."""
+    sock, log, prom = tmp_path / "nicd.sock", tmp_path / "nicd.log", tmp_path / "inceptionn.prom"
+    with one_host(tb_name) as h:
+        p = start(h, [INC, "nicd", "-i", h.ifname, "--socket", str(sock), "--metrics-textfile", str(prom)], log)
+        try:
+            ready(p, log)
+            assert "inceptionn_nicd_egress_packets_total{" in prom.read_text()
+            p.kill()
+            p.wait()
+        finally:
+            stop_all(p)
+        assert prom.exists() and len(queue_rules(h)) == 5
+        r = h.run([INC, "nicd", "--cleanup", "--socket", str(sock), "--metrics-textfile", str(prom)],
+                  capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "removed 5 rule(s)" in r.stderr, r.stderr
+        assert not prom.exists() and not sock.exists()
+        assert queue_rules(h) == []
+
+
 # --- item 9: a second signal while stopping ----------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "timeout"])
