@@ -95,7 +95,8 @@ def register(sub) -> None:
 
     s = sub.add_parser("stats", help="live counters of the running soft NIC daemon",
                        description="Print the counters of a running nicd, read from its stats socket: "
-                       "totals, and one line per queue pair where the daemon reports them.")
+                       "totals, and one line per queue pair where the daemon reports them; or every counter as "
+                       "JSON, OpenMetrics or Prometheus text (--format).")
     s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
                    help=f"the daemon's stats socket (default {DEFAULT_SOCKET})")
     s.add_argument("--json", action="store_true",

@@ -57,7 +57,7 @@ def exposition(snapshot: dict, fmt: str = "openmetrics") -> str:
             kind = "gauge"
         out.append(f"# HELP {family_name} {_help(text)}")
         out.append(f"# TYPE {family_name} {kind}")
-        out.extend(f"{sample_name}{_labels(labels)} {value:g}" if isinstance(value, float)
+        out.extend(f"{sample_name}{_labels(labels)} {value:.3f}" if isinstance(value, float)
                    else f"{sample_name}{_labels(labels)} {value}" for labels, value in samples)
 
     cfg = snapshot.get("config", {})

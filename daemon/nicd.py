@@ -111,7 +111,7 @@ def resolve_gso(gso) -> bool:
         return False
 
 
-CAP_NET_ADMIN, CAP_NET_RAW = 12, 13  # linux/capability.h
+CAP_NET_ADMIN = 12  # linux/capability.h
 
 
 def _capability_sets() -> dict[str, int]:
