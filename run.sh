@@ -17,6 +17,8 @@ APT_PACKAGES=(
   systemd systemd-container                              # the unit: systemd-analyze, nspawn test
   strace                                                 # the shim test: no extra syscalls untagged
   libcap2-bin                                            # capsh: nicd without CAP_NET_RAW (gso auto)
+  prometheus prometheus-node-exporter                    # promtool, node_exporter: the metrics test
+  python3-prometheus-client                              # its OpenMetrics parser, same test
 )
 
 missing=()

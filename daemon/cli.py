@@ -65,6 +65,11 @@ def register(sub) -> None:
                    help="flows the flow table holds (default 65536)")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="what the daemon logs (default info)")
     p.add_argument("--socket", metavar="PATH", help=f"stats socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--metrics-textfile", metavar="PATH",
+                   help="write the counters to PATH (*.prom, in node_exporter's textfile collector directory) "
+                   "every --metrics-interval seconds, atomically; removed on stop (default: none)")
+    p.add_argument("--metrics-interval", type=_whole_number, metavar="SECONDS",
+                   help="seconds between two writes of --metrics-textfile (default 15)")
     p.add_argument("--check", action="store_true",
                    help="validate the config file and flags, print the effective config and exit "
                    "(0: the daemon would start with it; needs no root)")
@@ -90,11 +95,17 @@ def register(sub) -> None:
 
     s = sub.add_parser("stats", help="live counters of the running soft NIC daemon",
                        description="Print the counters of a running nicd, read from its stats socket: "
-                       "totals, and one line per queue pair where the daemon reports them.")
+                       "totals, and one line per queue pair where the daemon reports them; or every counter as "
+                       "JSON, OpenMetrics or Prometheus text (--format).")
     s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
                    help=f"the daemon's stats socket (default {DEFAULT_SOCKET})")
     s.add_argument("--json", action="store_true",
-                   help="print the raw counters as JSON (with --watch: one document per line)")
+                   help="print the raw counters as JSON (with --watch: one document per line); "
+                   "the same as --format json")
+    s.add_argument("--format", choices=("text", "json", "openmetrics", "prometheus"),
+                   help="text (default), json, openmetrics (OpenMetrics 1.0 text: every counter per queue "
+                   "pair, inceptionn_nicd_..._total) or prometheus (the same in the Prometheus text format "
+                   "0.0.4 that node_exporter's textfile collector and promtool read)")
     s.add_argument("--watch", type=_seconds, metavar="SECONDS",
                    help="print again every SECONDS until Ctrl-C (default: once)")
     s.set_defaults(func=_stats)
@@ -137,20 +148,30 @@ def _stats(args) -> int:
     from ..errors import UserError
     from .stats import format_stats, read
 
+    fmt = args.format or ("json" if args.json else "text")
+    if args.json and fmt != "json":
+        raise UserError(f"--json and --format {fmt} cannot be combined")
+
     def show(data) -> str:
-        return json.dumps(data, indent=None if args.watch else 2) if args.json else format_stats(data)
+        if fmt == "json":
+            return json.dumps(data, indent=None if args.watch else 2)
+        if fmt == "text":
+            return format_stats(data)
+        from .metrics import exposition
+
+        return exposition(data, fmt).rstrip("\n")
 
     data = read(args.socket)  # a wrong path or no daemon at all: one error line, exit 2
     if args.watch is None:
         print(show(data))
         return 0
-    redraw = sys.stdout.isatty() and not args.json
+    redraw = sys.stdout.isatty() and fmt == "text"
     try:
         while True:
             if data is not None:
                 if redraw:  # like watch(1): clear, a header, the counters
                     sys.stdout.write("\033[H\033[2J")
-                if not args.json:
+                if fmt == "text":
                     print(f"every {args.watch:g} s: inceptionn stats, {time.strftime('%H:%M:%S')}")
                 print(show(data), flush=True)
             time.sleep(args.watch)

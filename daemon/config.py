@@ -40,6 +40,8 @@ class NicdConfig:
     accept_only: bool = False   # diagnostic: queue tagged packets both ways, accept unchanged
     gso: bool | str = "auto"    # egress takes GSO super-packets whole (docs/wire-format.md);
                                 # "auto": when the daemon may open a raw socket (CAP_NET_RAW)
+    metrics_textfile: str = ""  # counters for node_exporter's textfile collector ("": none),
+    metrics_interval: int = 15  # rewritten every this many seconds (docs/deploy.md, "Metrics")
 
     @property
     def egress_queues(self) -> range:
@@ -95,6 +97,13 @@ class NicdConfig:
             bad("gso", f"must be true, false or \"auto\", got {self.gso!r}")
         if not isinstance(self.socket, str) or not self.socket.startswith("/"):
             bad("socket", f"must be an absolute path, got {self.socket!r}")
+        if not isinstance(self.metrics_textfile, str) or self.metrics_textfile and not (
+                self.metrics_textfile.startswith("/") and self.metrics_textfile.endswith(".prom")):
+            # node_exporter reads only *.prom files of its directory
+            bad("metrics_textfile", "must be \"\" (none) or an absolute path ending in .prom, "
+                f"got {self.metrics_textfile!r}")
+        if not _is_int(self.metrics_interval) or not 1 <= self.metrics_interval <= 3600:
+            bad("metrics_interval", f"must be an integer from 1 to 3600, got {self.metrics_interval!r}")
         return self
 
 

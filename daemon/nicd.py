@@ -5,7 +5,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
@@ -13,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from ..errors import UserError
-from . import config, rules
+from . import config, metrics, rules, stats
 from .datapath import Datapath
 from .stats import StatsServer
 
@@ -51,38 +50,27 @@ def setup_logging(level: str) -> None:
 overrides_from = config.overrides_from  # every config key has a flag
 
 
-def _configured_socket(args) -> str:
-    """The stats socket a cleanup looks at: --socket, else the config file's, else the default.
-    Read leniently: a broken config file must not keep ExecStopPost from cleaning up."""
-    if args.socket:
-        return args.socket
+def _configured(args, key: str) -> str:
+    """A path setting a cleanup looks at (socket, metrics_textfile): its flag, else the config
+    file's, else the default. Read leniently: a broken config file must not keep ExecStopPost
+    from cleaning up."""
+    if getattr(args, key, None):
+        return getattr(args, key)
     path = Path(args.config) if args.config else config.DEFAULT_PATH
     try:
-        sock = tomllib.loads(path.read_bytes().decode()).get("socket")
+        value = tomllib.loads(path.read_bytes().decode()).get(key)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        sock = None
-    return sock if isinstance(sock, str) and sock.startswith("/") else config.NicdConfig().socket
+        value = None
+    return value if isinstance(value, str) and value.startswith("/") else getattr(config.NicdConfig(), key)
 
 
-def _remove_stale_socket(path: str) -> None:
-    """Unlink the socket unless a daemon still serves it (or it is no socket at all)."""
-    try:
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            return
-    except OSError:
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-        return  # someone answers: a running instance's socket
-    except OSError:
-        pass
-    finally:
-        probe.close()
-    try:
-        Path(path).unlink()
-    except FileNotFoundError:
-        pass
+def _remove_stale_files(args) -> None:
+    """A crashed daemon's socket, and its metrics file (counters nobody updates any more must
+    not be served as current)."""
+    stats.remove_stale(_configured(args, "socket"))
+    textfile = _configured(args, "metrics_textfile")
+    if textfile.endswith(".prom") and not rules.running_instances():  # else a running daemon's
+        metrics.remove_textfile(textfile)
 
 
 def cleanup(args) -> int:
@@ -90,7 +78,7 @@ def cleanup(args) -> int:
     stale socket: systemd's ExecStopPost. The fail-closed drops stay."""
     rules.check_access()
     n = rules.remove_dead()
-    _remove_stale_socket(_configured_socket(args))
+    _remove_stale_files(args)
     print(f"nicd cleanup: removed {n} rule(s); the drop of compressed packets stays "
           "(`inceptionn nicd --uninstall` removes it)", file=sys.stderr)
     return 0
@@ -104,7 +92,7 @@ def uninstall(args) -> int:
         raise UserError(f"nicd is running (queue base {', '.join(map(str, running))}); stop it before "
                         "--uninstall (systemctl stop inceptionn-nicd)")
     n = rules.remove_everything()
-    _remove_stale_socket(_configured_socket(args))
+    _remove_stale_files(args)
     print(f"nicd uninstall: removed {n} rule(s)", file=sys.stderr)
     return 0
 
@@ -123,6 +111,33 @@ def resolve_gso(gso) -> bool:
         return False
 
 
+CAP_NET_ADMIN = 12  # linux/capability.h
+
+
+def _capability_sets() -> dict[str, int]:
+    """This process's capability sets ("CapEff", "CapAmb", ...) from /proc/self/status."""
+    sets = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.startswith("Cap"):
+            sets[key] = int(value, 16)
+    return sets
+
+
+def check_privileges() -> None:
+    """nicd needs CAP_NET_ADMIN, not uid 0: it binds the queues itself, and the iptables it
+    runs inherit the capability only as an ambient one (a non-root process keeps no other
+    capability across execve). CAP_NET_RAW is the gso fast path's (resolve_gso)."""
+    caps = _capability_sets()
+    if not caps.get("CapEff", 0) >> CAP_NET_ADMIN & 1:
+        raise UserError("nicd needs CAP_NET_ADMIN (root, or e.g. systemd's AmbientCapabilities=CAP_NET_ADMIN "
+                        "CAP_NET_RAW) to bind netfilter queues and install rules")
+    if os.geteuid() != 0 and not caps.get("CapAmb", 0) >> CAP_NET_ADMIN & 1:
+        raise UserError("nicd holds CAP_NET_ADMIN but not as an ambient capability, so the iptables it runs "
+                        "would not have it: start it with the capability ambient (setpriv --inh-caps "
+                        "+net_admin,+net_raw --ambient-caps +net_admin,+net_raw, or AmbientCapabilities=)")
+
+
 def run(args) -> int:
     if args.cleanup:
         return cleanup(args)
@@ -130,15 +145,25 @@ def run(args) -> int:
         return uninstall(args)
     cfg = config.load(Path(args.config) if args.config else None, overrides_from(args))
     setup_logging(cfg.log_level)
-    if os.geteuid() != 0:
-        raise UserError("nicd needs root or CAP_NET_ADMIN to bind netfilter queues and install rules")
+    check_privileges()
     config.check_interfaces(cfg)
+    stats.check_path(cfg.socket)  # before any rule: a wrong path costs nothing to refuse
+    if cfg.metrics_textfile:
+        metrics.check_textfile(cfg.metrics_textfile)
     cfg.gso = resolve_gso(cfg.gso)
 
     stop = threading.Event()
     reload_requested = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def on_stop(signum, _frame):
+        # A second Ctrl-C or a `timeout` repeating its signal must not cut the removal of the
+        # rules short: the stop goes on to its end and says how it went.
+        if stop.is_set():
+            log.warning("%s while stopping: still removing the rules", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
 
     dp = Datapath(cfg)
@@ -157,29 +182,83 @@ def run(args) -> int:
                     "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
 
         server = StatsServer(cfg.socket, snapshot)
-        log.info("running%s%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s",
+        textfile = Textfile(cfg.metrics_textfile, cfg.metrics_interval, snapshot) if cfg.metrics_textfile else None
+        log.info("running%s%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s%s",
                  " ACCEPT-ONLY (diagnostic, nothing is compressed)" if cfg.accept_only else "",
                  " with GSO super-packets" if cfg.gso else "",
                  ", ".join(cfg.interfaces), cfg.codec, cfg.error_bound,
-                 _span(cfg.egress_queues), _span(cfg.ingress_queues), cfg.socket)
+                 _span(cfg.egress_queues), _span(cfg.ingress_queues), cfg.socket,
+                 f", metrics in {cfg.metrics_textfile} every {cfg.metrics_interval} s" if textfile else "")
         print(READY_LINE, file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             expired, flows["active"] = dp.expire_flows()
             flows["expired"] += expired
+            if textfile:
+                textfile.tick()
             if (err := dp.failed()) is not None:
                 log.error("data path stopped: %s", err)
-                return 1
+                rc = 1
+                break
             if reload_requested.is_set():
                 reload_requested.clear()
                 _reload(args, cfg, dp)
-        log.info("stopping")
-        return 0
+        else:
+            log.info("stopping")
+            rc = 0
     finally:
+        clean = _teardown(cfg, server, dp)
+    return rc if clean else 1
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _teardown(cfg, server, dp) -> bool:
+    """Remove this instance's rules (verified gone), the metrics file and the socket, stop the
+    queue threads. False if a rule could not be removed: the exit status then says so."""
+    # From here on this thread takes no stop signal (they stay pending until the process is
+    # gone), and the iptables it starts inherit the mask: a signal sent to the process group
+    # in the moment between fork and the child's setsid() cannot kill a listing or a delete.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    clean = True
+    try:
         n = rules.remove_instance(cfg.queue_base)
         log.info("removed %d rule(s); the drop of compressed packets stays", n)
-        if server:
-            server.close()
-        dp.stop()
+    except UserError as exc:
+        log.error("stop: %s; `inceptionn nicd --cleanup` removes them once this daemon has exited", exc)
+        clean = False
+    if cfg.metrics_textfile:
+        metrics.remove_textfile(cfg.metrics_textfile)
+    if server:
+        server.close()
+    dp.stop()
+    return clean
+
+
+class Textfile:
+    """The counters for node_exporter's textfile collector, written every ``interval`` seconds
+    (and at once), atomically; a failed write is logged once per streak and retried."""
+
+    def __init__(self, path: str, interval: int, snapshot):
+        self.path, self.interval, self.snapshot = path, interval, snapshot
+        self.next, self.failing = 0.0, False
+        self.tick()
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + self.interval
+        try:
+            metrics.write_textfile(self.path, metrics.exposition(self.snapshot(), "prometheus"))
+        except OSError as exc:
+            if not self.failing:
+                log.warning("metrics: cannot write %s (%s), retrying every %d s", self.path, exc.strerror,
+                            self.interval)
+            self.failing = True
+            return
+        if self.failing:
+            log.info("metrics: writing %s again", self.path)
+        self.failing = False
 
 
 def _reload(args, cfg, dp) -> None:
@@ -191,7 +270,8 @@ def _reload(args, cfg, dp) -> None:
     cfg.error_bound, cfg.log_level = new.error_bound, new.log_level
     dp.set_error_bound(new.error_bound)
     logging.getLogger("inceptionn").setLevel(new.log_level.upper())
-    changed = [k for k in ("interfaces", "tos", "tos_compressed", "tos_hello", "queues", "queue_base", "socket")
+    changed = [k for k in ("interfaces", "tos", "tos_compressed", "tos_hello", "queues", "queue_base", "socket",
+                           "metrics_textfile", "metrics_interval")
                if getattr(new, k) != getattr(cfg, k)]
     log.info("reloaded: error bound 2^%d, log level %s%s", new.error_bound, new.log_level,
              f"; restart to apply {', '.join(changed)}" if changed else "")

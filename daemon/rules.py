@@ -45,7 +45,9 @@ import logging
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,10 +137,19 @@ def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     exe = shutil.which("iptables")
     if exe is None:
         raise UserError("iptables is not installed (apt-get install iptables)")
-    r = subprocess.run([exe, "-w", "5", *args], capture_output=True, text=True)
+    # A session (process group) of its own: a terminal's Ctrl-C (or `timeout`) signals the whole foreground
+    # group, and an iptables killed while it lists the rules of a stopping daemon once read as
+    # "no rules", leaving rules behind. The daemon's own handler decides what a signal means.
+    r = subprocess.run([exe, "-w", "5", *args], capture_output=True, text=True, start_new_session=True)
     if check and r.returncode != 0:
-        raise UserError(f"iptables {' '.join(args)}: {r.stderr.strip() or 'failed'}")
+        raise UserError(f"iptables {' '.join(args)}: {_failure(r)}")
     return r
+
+
+def _failure(r: subprocess.CompletedProcess) -> str:
+    if r.returncode < 0:
+        return f"killed by {signal.Signals(-r.returncode).name}"
+    return r.stderr.strip() or f"failed (exit {r.returncode})"
 
 
 def _queue_target(queues: range, bypass: bool) -> list[str]:
@@ -302,12 +313,11 @@ def parse_listing(table: str, text: str) -> list[Rule]:
 
 
 def list_ours() -> list[Rule]:
-    """Every rule nicd put in this network namespace: all instances, and the drops."""
+    """Every rule nicd put in this network namespace: all instances, and the drops. A listing
+    that fails is an error, never "no rules" (that once made a stop leave rules and say done)."""
     found = []
     for table in TABLES:
-        r = _iptables("-t", table, "-S", check=False)
-        if r.returncode == 0:
-            found += parse_listing(table, r.stdout)
+        found += parse_listing(table, _iptables("-t", table, "-S").stdout)
     return found
 
 
@@ -336,16 +346,36 @@ def parse_bound(text: str) -> set[int]:
     return {int(words[0]) for words in map(str.split, text.splitlines()) if words and words[0].isdigit()}
 
 
+def _remove_until_gone(select, attempts: int = 3) -> int:
+    """Delete the rules ``select`` picks from list_ours() until a listing shows none left;
+    returns how many were deleted. Raises UserError if some stay (or no listing succeeds)
+    after ``attempts`` rounds: a failed -D or listing is retried, never taken for success."""
+    n, problem = 0, ""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.2 * attempt)
+        try:
+            left = [r for r in list_ours() if select(r)]
+        except UserError as exc:
+            problem = str(exc)
+            continue
+        if not left:
+            return n
+        n += _delete(left)
+        problem = f"{len(left)} rule(s) left: " + "; ".join(" ".join(r.args) for r in left)
+    raise UserError(f"could not remove every nicd rule ({problem})")
+
+
 def remove_instance(queue_base: int) -> int:
     """Delete one instance's queue rules (never the drops); returns how many."""
-    return _delete([r for r in list_ours() if r.queue_base == queue_base])
+    return _remove_until_gone(lambda r: r.queue_base == queue_base)
 
 
 def remove_dead() -> int:
     """Delete the queue rules of every instance whose queues nobody has bound (a stopped or
     crashed daemon), leaving running instances and the drops alone: what `--cleanup` does."""
     bound = bound_queues()
-    return _delete([r for r in list_ours() if not r.failclosed and r.queue_base not in bound])
+    return _remove_until_gone(lambda r: not r.failclosed and r.queue_base not in bound)
 
 
 def running_instances() -> list[int]:
@@ -355,7 +385,7 @@ def running_instances() -> list[int]:
 
 def remove_everything() -> int:
     """Delete every nicd rule of every instance and the fail-closed drops: `--uninstall`."""
-    return _delete(list_ours())
+    return _remove_until_gone(lambda r: True)
 
 
 # --- another namespace's soft NIC, seen from outside (inceptionn mpirun's report) --------------------

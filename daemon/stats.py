@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 
@@ -21,13 +22,57 @@ TEMPORARY_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOM
 MAX_BACKOFF_S = 1.0
 
 
+def check_path(path: str) -> None:
+    """Refuse a socket path that holds anything but a stale socket: a file, a directory, a link
+    (never deleted: `socket` may be mistyped to name one), or a socket another process serves
+    (another nicd with other queues: taking its path would orphan its socket)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UserError(f"socket {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode)
+                else "a regular file" if stat.S_ISREG(st.st_mode) else "not a socket")
+        raise UserError(f"socket {path}: {kind} is in the way (nicd replaces only a stale socket); "
+                        "remove it or choose another path")
+    if serving(path):
+        raise UserError(f"socket {path}: another process serves it (another nicd?); choose another path")
+
+
+def serving(path: str) -> bool:
+    """Whether a process accepts connections on the socket ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def remove_stale(path: str) -> None:
+    """Unlink ``path`` if it is a socket nobody serves (a crashed run's); anything else stays."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode) or serving(path):
+            return
+    except OSError:
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class StatsServer:
     def __init__(self, path: str, snapshot):
         self.path = Path(path)
         self.snapshot = snapshot
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            self.path.unlink()  # stale socket of a crashed run; the queue bind already proved we are alone
+        check_path(path)
+        remove_stale(path)  # a crashed run's socket
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # bind() creates the file with the umask's mode: set it first, so the socket is never
         # wider than SOCKET_MODE, not even between bind and a chmod.
@@ -36,6 +81,7 @@ class StatsServer:
             self.sock.bind(str(self.path))
         finally:
             os.umask(old)
+        self._inode = os.lstat(path).st_ino  # close() removes this socket, nothing put there since
         self.sock.listen(8)
         self.sock.settimeout(0.2)
         self._stop = threading.Event()
@@ -73,7 +119,8 @@ class StatsServer:
         # Unlink before closing: a client then finds no file ("no nicd is running") or is reset
         # while queued ("went away"), never a refused connect that reads like a stale socket.
         try:
-            self.path.unlink()
+            if os.lstat(self.path).st_ino == self._inode:
+                self.path.unlink()
         except FileNotFoundError:
             pass
         self._stop.set()

@@ -119,11 +119,13 @@ def test_help_texts_plain_with_descriptions_and_defaults():
 ALL_FLAGS = ["-i", "lo", "--tos", "0x20", "--tos-compressed", "0x34", "--tos-hello", "0x38", "--codec", "inceptionn",
              "--error-bound", "-8", "--queues", "2", "--queue-base", "7300", "--queue-maxlen", "1024",
              "--flow-timeout", "60", "--flow-capacity", "4096", "--log-level", "debug",
-             "--socket", "/run/inceptionn/other.sock", "--accept-only", "--gso"]
+             "--socket", "/run/inceptionn/other.sock", "--accept-only", "--gso",
+             "--metrics-textfile", "/var/lib/prometheus/node-exporter/inceptionn.prom", "--metrics-interval", "30"]
 ALL_VALUES = {"interfaces": ["lo"], "tos": 0x20, "tos_compressed": 0x34, "tos_hello": 0x38, "codec": "inceptionn",
               "error_bound": -8, "queues": 2, "queue_base": 7300, "queue_maxlen": 1024, "flow_timeout": 60,
               "flow_capacity": 4096, "log_level": "debug", "socket": "/run/inceptionn/other.sock", "accept_only": True,
-              "gso": True}
+              "gso": True, "metrics_textfile": "/var/lib/prometheus/node-exporter/inceptionn.prom",
+              "metrics_interval": 30}
 
 
 def check_json(*args: str) -> dict:
@@ -177,7 +179,7 @@ def test_check_needs_no_root():
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["interfaces"] == ["lo"]
     r = subprocess.run(as_user, capture_output=True, text=True, timeout=60)
-    assert_one_line_error(r, "needs root")
+    assert_one_line_error(r, "nicd needs CAP_NET_ADMIN")
 
 
 # --- stats: --watch, -j, per queue -------------------------------------------------------------------
@@ -332,7 +334,7 @@ def test_nicd_help_names_the_config_defaults():
 
     nicd = next(p for p in _parsers() if p.prog == "inceptionn nicd")
     flags = {a.option_strings[-1]: a for a in nicd._actions}
-    for key in FIELDS - {"interfaces", "accept_only", "gso"}:  # switches: off unless given
+    for key in FIELDS - {"interfaces", "accept_only", "gso", "metrics_textfile"}:  # off unless given
         default = getattr(NicdConfig(), key)
         said = re.search(r"\(default ([^,)]+)", flags[f"--{key.replace('_', '-')}"].help).group(1)
         assert said == (f"{default:#04x}" if key.startswith("tos") else str(default)), key

@@ -150,15 +150,22 @@ def test_installed_as_a_daemon(sites):
     assert "path=/opt/inceptionn/bin/inceptionn" in exec_start, exec_start
 
 
+PROM = "/var/lib/prometheus/node-exporter/inceptionn.prom"
+
+
 def test_start_reload_crash_stop(sites):
     a = sites[0]
     c, host = a.c, a.host
+    # the guide's "Metrics": the unit may write node_exporter's textfile directory
+    guide(c, f"sed -i 's|^metrics_textfile = .*|metrics_textfile = \"{PROM}\"|' /etc/inceptionn/nicd.toml")
     guide(c, f"systemctl enable --now {UNIT}")
     try:
         assert guide(c, f"systemctl is-active {UNIT}").stdout.strip() == "active"
         # the daemon installs its rules one by one, then opens its stats socket: read them after
         # (read before, a partial set once made the comparison after the crash fail)
         wait_for("the stats socket", lambda: c.run(["test", "-S", "/run/inceptionn/nicd.sock"]).returncode == 0, c=c)
+        prom = c.run(["stat", "-c", "%a", PROM]).stdout.strip(), c.read_bytes(PROM).decode()
+        assert prom[0] == "644" and "\ninceptionn_nicd_egress_packets_total{" in prom[1], prom
         rules = queue_rules(host)
         assert any(f"-o {host.ifname}" in r for r in rules) and any(f"-i {host.ifname}" in r for r in rules), rules
         shown = guide(c, "inceptionn stats").stdout
@@ -182,9 +189,11 @@ def test_start_reload_crash_stop(sites):
         assert "status=0/0" in stop_post, stop_post  # the cleanup ran after the crash, and worked
     finally:
         set_setting(c, "error_bound", "-10")
+        set_setting(c, "metrics_textfile", '""')
         c.run(["systemctl", "stop", UNIT])
     assert c.run(["systemctl", "is-active", UNIT]).stdout.strip() == "inactive"
     assert queue_rules(host) == []
+    assert c.run(["test", "-e", PROM]).returncode != 0  # removed on stop
     assert c.run(["test", "-e", "/run/inceptionn/nicd.sock"]).returncode != 0
 
 

@@ -1,0 +1,127 @@
+"""The daemon's counters in the formats metric collectors read: OpenMetrics 1.0 text
+(``inceptionn stats --format openmetrics``) and the Prometheus text format 0.0.4 (``--format
+prometheus``; what node_exporter's textfile collector parses, which the daemon writes itself with
+``metrics_textfile``).
+
+Every counter of the stats snapshot is exported, whatever its name: the C data path's list
+(daemon/nicd_queue.h, enum nicd_counter) is the only list, and its comments are the HELP texts.
+Each queue pair's counters are one series, labelled with its two queue numbers; the daemon's
+totals are their sum (``sum without (egress_queue, ingress_queue) (...)``), so no total series
+is exported to be counted twice.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+PREFIX = "inceptionn_nicd"
+FORMATS = ("openmetrics", "prometheus")
+# The content types a /metrics endpoint would send; here for docs and tests.
+CONTENT_TYPES = {"openmetrics": "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                 "prometheus": "text/plain; version=0.0.4; charset=utf-8"}
+
+
+def _help_texts() -> dict[str, str]:
+    from .build_ffi import counter_docs
+
+    return {name[len("NICD_C_"):].lower(): doc for name, doc in counter_docs()}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _labels(labels: dict) -> str:
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}" if labels else ""
+
+
+def exposition(snapshot: dict, fmt: str = "openmetrics") -> str:
+    """The text of one scrape from a stats snapshot (what ``inceptionn stats --json`` prints)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
+    om = fmt == "openmetrics"
+    docs = _help_texts()
+    out: list[str] = []
+
+    def family(name: str, kind: str, text: str, samples: list[tuple[dict, float]]) -> None:
+        # OpenMetrics names a counter family without its _total suffix, the 0.0.4 format
+        # with it; an info family is a gauge of value 1 there.
+        base = f"{PREFIX}_{name}" if name else PREFIX
+        sample_name = base + {"counter": "_total", "info": "_info"}.get(kind, "")
+        family_name = base if om else sample_name
+        if kind == "info" and not om:
+            kind = "gauge"
+        out.append(f"# HELP {family_name} {_help(text)}")
+        out.append(f"# TYPE {family_name} {kind}")
+        out.extend(f"{sample_name}{_labels(labels)} {value:.3f}" if isinstance(value, float)
+                   else f"{sample_name}{_labels(labels)} {value}" for labels, value in samples)
+
+    cfg = snapshot.get("config", {})
+    family("", "info", "the running soft NIC's settings", [(
+        {"codec": cfg.get("codec", ""), "error_bound": cfg.get("error_bound", ""),
+         "interfaces": ",".join(cfg.get("interfaces", [])), "queues": cfg.get("queues", ""),
+         "gso": str(cfg.get("gso", "")).lower()}, 1)])
+    family("uptime_seconds", "gauge", "seconds since the daemon bound its queues",
+           [({}, float(snapshot.get("uptime_s", 0.0)))])
+    family("flows_active", "gauge", "negotiated flows in the flow table",
+           [({}, int(snapshot.get("flows_active", 0)))])
+    family("flows_expired", "counter", "flows dropped from the flow table after flow_timeout idle seconds",
+           [({}, int(snapshot.get("flows_expired", 0)))])
+
+    queues = snapshot.get("queues") or [{"counters": snapshot["counters"]}]  # a daemon without per-queue counters
+    for name in snapshot["counters"]:
+        samples = [({k: q[k] for k in ("egress_queue", "ingress_queue") if k in q}, int(q["counters"].get(name, 0)))
+                   for q in queues]
+        doc = docs.get(name)  # a counter the header does not describe still gets its name
+        family(name, "counter", name.replace("_", " ") + (f": {doc}" if doc else ""), samples)
+    if om:
+        out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+def check_textfile(path: str) -> None:
+    """Refuse at start a metrics file nicd could not write (no directory, read-only, a directory)."""
+    from ..errors import UserError
+
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise UserError(f"metrics_textfile {path}: no directory {directory} (node_exporter's textfile collector "
+                        "directory; Debian's prometheus-node-exporter has /var/lib/prometheus/node-exporter)")
+    if os.path.isdir(path):
+        raise UserError(f"metrics_textfile {path}: is a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UserError(f"metrics_textfile {path}: {directory} is not writable by nicd"
+                        " (under systemd: ReadWritePaths=)")
+
+
+def write_textfile(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (a scraper reads the old file or the new one,
+    never half of one): a temporary file in the same directory, made readable to the collector
+    (node_exporter runs as its own user; the daemon's umask is 0077), then renamed over it. The
+    temporary name does not end in .prom, so the textfile collector never reads it."""
+    directory, base = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def remove_textfile(path: str) -> None:
+    """On stop: the counters of a daemon that no longer runs are not served as if current."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
