@@ -10,8 +10,10 @@ drop, see _top).
 
 Egress (mangle POSTROUTING -o IFACE, after conntrack saw the original segment), may fail open
 (--queue-bypass):
-  tagged TCP SYN (DSCP of `tos`)  -> egress queue: remember the ISN, mark "soft NIC here"
-  tagged TCP, IP length >= 100    -> egress queue: compress (pure ACKs and tiny segments,
+  tagged TCP SYN (DSCP of `tos` or of `tos_scaled`, one rule each)
+                                  -> egress queue: remember the ISN, mark "soft NIC here"
+  tagged TCP, IP length >= 100 (one rule per mark)
+                                  -> egress queue: compress (pure ACKs and tiny segments,
                                      which could never shrink, never cost a queue round trip)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
 Ingress:
@@ -136,15 +138,16 @@ def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
     for ifname in cfg.interfaces:
         out = ["POSTROUTING", "-o", ifname, "-p", "tcp"]
         inn = ["PREROUTING", "-i", ifname, "-p", "tcp"]
+        marks = (cfg.tos, cfg.tos_scaled)  # the paper's codec, the scaled one: the mark picks it
         if cfg.accept_only:  # the same tagged packets through a queue each way, nothing else
-            specs += [("mangle", out + _dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True)),
-                      ("mangle", inn + _dscp(cfg.tos) + tag + _queue_target(cfg.ingress_queues, True))]
+            specs += [("mangle", out + _dscp(m) + tag + _queue_target(cfg.egress_queues, True)) for m in marks]
+            specs += [("mangle", inn + _dscp(m) + tag + _queue_target(cfg.ingress_queues, True)) for m in marks]
             continue
+        specs += [("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(m) + tag
+                   + _queue_target(cfg.egress_queues, True)) for m in marks]
+        specs += [("mangle", out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + _dscp(m) + tag
+                   + _queue_target(cfg.egress_queues, True)) for m in marks]
         specs += [
-            ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(cfg.tos) + tag
-             + _queue_target(cfg.egress_queues, True)),
-            ("mangle", out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + _dscp(cfg.tos) + tag
-             + _queue_target(cfg.egress_queues, True)),
             ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),
             ("raw", _compressed(cfg, ifname) + tag + _queue_target(cfg.ingress_queues, False)),
             ("mangle", inn + ["--tcp-flags", "SYN", "SYN"] + _dscp(cfg.tos_hello) + tag
