@@ -49,8 +49,8 @@ def register(sub) -> None:
                    help="the gradient mark of senders that scale their values themselves (the paper's codec; "
                         "the collective), as a ToS byte (default 0x28, DSCP 10)")
     p.add_argument("--tos-scaled", type=_whole_number, metavar="BYTE",
-                   help="the gradient mark of senders of raw float32 values: each packet is scaled by a power "
-                        "of two (the shim's default mark; default 0x24, DSCP 9)")
+                   help="the gradient mark of senders of raw float32 values, the shim's default: each packet "
+                        "is scaled by a power of two (default 0x24, DSCP 9)")
     p.add_argument("--tos-compressed", type=_whole_number, metavar="BYTE",
                    help="the mark of compressed packets on the wire (default 0x2c, DSCP 11)")
     p.add_argument("--tos-hello", type=_whole_number, metavar="BYTE",

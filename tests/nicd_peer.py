@@ -192,6 +192,8 @@ SPOOFS = {
     "badnonce": "hello option with a wrong nonce, ack = ISN + 1 (the stack accepts it)",
     "plain": "only the DSCP 12 mark, as a reflecting kernel or an AF12 socket sends it",
 }
+# only when asked for (--kinds codec1): a right answer from a soft NIC that knows codec 1 only
+ON_REQUEST = {"codec1": "hello option echoing the real nonce, ack = ISN + 1, codec byte 1"}
 
 
 def spoof_synack(a):
@@ -219,6 +221,9 @@ def spoof_synack(a):
         if kind == "badack":
             p[TCP].ack += 1000
             answer = bytes([hello[0], hello[1], 0x12]) + hello[3:]  # our settings, role ANSWER
+            p[TCP].options = [(253, answer)] + p[TCP].options
+        elif kind == "codec1":  # a soft NIC from before codec 2: the right answer, codec byte 1
+            answer = bytes([hello[0], hello[1], 0x12, 1]) + hello[4:]
             p[TCP].options = [(253, answer)] + p[TCP].options
         elif kind == "badnonce":
             answer = bytes([hello[0], hello[1], 0x12]) + hello[3:8] + bytes(b ^ 0xA5 for b in hello[8:14])
@@ -263,7 +268,7 @@ def main():
     f = sub.add_parser("spoof-synack")
     f.add_argument("--iface", required=True)
     f.add_argument("--port", type=int, default=0, help="the server's port (default: the first SYN's)")
-    f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS)}")
+    f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS | ON_REQUEST)}")
     f.add_argument("--timeout", type=float, default=30)
     a = p.parse_args()
     return {"recv": recv, "send": send, "craft": craft, "spoof-synack": spoof_synack}[a.mode](a)
