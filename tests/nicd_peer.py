@@ -99,10 +99,10 @@ def _crc32c(buf: bytes) -> int:
     return lib.nicd_crc32c(0, ffi.from_buffer(buf), len(buf))
 
 
-def shim(n: int, body: bytes, *, magic=0x49, ver=0x11, ht=0, crc=None) -> bytes:
+def shim(n: int, body: bytes, *, magic=0x49, ver=0x11, ht=0, x=0, crc=None) -> bytes:
     """A compressed payload: 10-byte header (daemon/nicd_packet.h) + body, CRC32C made valid
-    unless ``crc`` is given."""
-    hdr = bytes([magic, ver, ht, 0]) + struct.pack("<H", n)
+    unless ``crc`` is given. ``x``: byte 3, codec 2's scale exponent (int8)."""
+    hdr = bytes([magic, ver, ht, x & 0xFF]) + struct.pack("<H", n)
     if crc is None:
         crc = _crc32c(hdr + b"\0\0\0\0" + body)
     return hdr + struct.pack("<I", crc) + body
@@ -122,12 +122,16 @@ KINDS = {
     "udp": None,                   # UDP with the compressed mark: not ours, never queued
     "wrap": "drop_too_big",        # valid, restores to 65532-65535 bytes (wraps the netlink length)
     "fits": "ingress_restored",    # the same at 65531 bytes, the largest a verdict can carry
+    "exponent": "drop_header",     # codec 2, valid CRC and stream, scale exponent 127, -127 or -128
+    "exponent1": "drop_header",    # codec 1 with a non-zero byte 3 (only codec 2 has an exponent)
+    "scaled": "ingress_restored",  # codec 2, valid, exponent +-126 (the limits) or 0
 }
+BAD_EXPONENTS = (127, -127, -128)
 
 
-def zeros_restoring_to(total: int) -> bytes:
+def zeros_restoring_to(total: int, ver=0x11, scale=0) -> bytes:
     """A valid compressed payload (no TCP options) whose restored IP packet is ``total`` bytes:
-    zero floats, tail bytes making up the rest."""
+    zero floats, tail bytes making up the rest (codec 2 when ver is 0x12, exponent ``scale``)."""
     import numpy as np
     from inceptionn.codecs._native import ffi, lib
     n, tail = divmod(total - 40, 4)
@@ -135,7 +139,7 @@ def zeros_restoring_to(total: int) -> bytes:
     x = np.zeros(n, np.float32)
     slen = lib.inc_encode(ffi.from_buffer("float[]", x), n, -10, out, n + 64, 0)
     assert slen > 0, slen
-    return shim(n, bytes(ffi.buffer(out, slen)) + b"T" * tail, ht=tail << 2)
+    return shim(n, bytes(ffi.buffer(out, slen)) + b"T" * tail, ht=tail << 2, ver=ver, x=scale)
 
 
 
@@ -176,6 +180,12 @@ def craft(a):
             pkts.append(ip / tcp / Raw(zeros_restoring_to(65532 + i % 4)))
         elif k == "fits":
             pkts.append(ip / tcp / Raw(zeros_restoring_to(65531)))
+        elif k == "exponent":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x12, scale=BAD_EXPONENTS[i % 3])))
+        elif k == "exponent1":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x11, scale=1 + i % 255)))
+        elif k == "scaled":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x12, scale=(126, -126, 0)[i % 3])))
         elif k == "udp":
             pkts.append(IP(dst=a.dst, tos=0x2C) / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
                         / Raw(shim(8, rnd.randbytes(20))))

@@ -63,6 +63,47 @@ def test_compress_leaves_packets_the_peer_could_not_restore_raw():
         assert (r > 2) == want_compressed, (total, r)
 
 
+def test_scale_exponents_out_of_range_are_refused():
+    """Byte 3 of the shim header: codec 2's exponent must be within +-126 (2^x stays a normal
+    float), codec 1's must be 0. With the CRC and the TCP checksum valid, anything else is a
+    header error (NICD_E_HEADER, -5), never decoded."""
+    out, scratch = ffi.new("uint8_t[]", 70000), ffi.new("float[]", 16400)
+    for ver, x, ok in [(0x12, 126, True), (0x12, -126, True), (0x12, 0, True), (0x12, 127, False),
+                       (0x12, -127, False), (0x12, -128, False), (0x11, 0, True), (0x11, 1, False),
+                       (0x11, -1, False), (0x13, 0, False), (0x10, 0, False)]:
+        pkt = compressed_packet(nicd_peer.zeros_restoring_to(400, ver=ver, scale=x))
+        p = ffi.new("struct nicd_pkt *")
+        keep = ffi.from_buffer(pkt)
+        assert lib.nicd_parse(keep, len(pkt), p) == 0
+        r = lib.nicd_restore(p, 0x24, out, len(out), scratch)
+        assert (r == 400) if ok else (r == -5), (hex(ver), x, r)
+
+
+@needs_root
+def test_bad_scale_exponents_dropped_end_to_end(tmp_path):
+    """Crafted codec-2 packets with exponents out of range, and codec-1 packets with one, reach
+    the receiver's daemon and are dropped as header errors; valid codec-2 packets at the limits
+    restore and reach the stack with the scaled mark (DSCP 9); no compressed packet reaches it."""
+    with make_testbed() as tb:
+        h1, h2 = tb.hosts
+        add_stack_counter(h2, "compressed-in-stack", 11)
+        add_stack_counter(h2, "scaled-in-stack", 9)
+        with running_nicd(h2, tmp_path) as d2:
+            before = d2.counters()
+            r = h1.run([PY, PEER, "craft", "--dst", h2.ip, "--kinds", "exponent,exponent1,scaled", "--count", "6"],
+                       capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            deadline = time.monotonic() + 5
+            while d2.counters()["ingress_packets"] - before["ingress_packets"] < 18 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            delta = {k: v - before[k] for k, v in d2.counters().items()}
+        compressed_in_stack = stack_count(h2, "compressed-in-stack")
+        scaled_in_stack = stack_count(h2, "scaled-in-stack")
+    assert delta["ingress_packets"] == 18, {k: v for k, v in delta.items() if v}
+    assert delta["drop_header"] == 12 and delta["ingress_restored"] == 6, {k: v for k, v in delta.items() if v}
+    assert compressed_in_stack == 0 and scaled_in_stack == 6
+
+
 def add_stack_counter(host, name, dscp):
     """Count what reaches the stack (filter INPUT, after every queue) with a DSCP."""
     host.run(["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "-m", "dscp", "--dscp", str(dscp),
