@@ -199,7 +199,7 @@ def test_installed_unit_security_score(sites):
     assert score <= 3.0
 
 
-def test_two_hosts_tagged_job_compressed_and_exact(sites):
+def test_two_hosts_tagged_job_compressed_and_restored(sites):
     """Steps 3 to 5 of the guide: both services up, B receives, A sends, through the shim."""
     (a, b) = sites
     for s in sites:
