@@ -39,7 +39,7 @@ from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import parse_rate
 from ..procs import cpu_seconds
-from ..shim.contract import TOS_TAGGED
+from ..shim.contract import TOS_SCALED, TOS_TAGGED
 
 PORT = 5201
 SYN_FRAME_BITS = (76 + 14) * 8  # a flood SYN (bench/synflood.py) as the link's shaper counts it
@@ -60,14 +60,16 @@ def wait_established(host, port: int, timeout: float = 10.0) -> None:
 
 
 def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float, on_connected=None,
-             streams: int = 1) -> dict:
+             streams: int = 1, keep: str | None = None) -> dict:
     """``streams`` parallel streams sender -> receiver (ports PORT, PORT + 1, ...): their bytes
-    summed, over the longest of their times; ``on_connected()`` runs once the first is up."""
+    summed, over the longest of their times; ``on_connected()`` runs once the first is up.
+    ``keep``: a file the (single) receiver writes what arrived to."""
     peer = [sys.executable, "-m", "inceptionn.bench.stream_peer"]
     rxs, txs = [], []
     try:
         for i in range(streams):
-            rxs.append(receiver.popen(peer + ["recv", receiver.ip, str(PORT + i)], stdout=subprocess.PIPE, text=True))
+            rxs.append(receiver.popen(peer + ["recv", receiver.ip, str(PORT + i)] + ([keep] if keep else []),
+                                      stdout=subprocess.PIPE, text=True))
             if rxs[-1].stdout.readline().strip() != "ready":
                 raise UserError("benchmark receiver did not start")
         for i in range(streams):
@@ -172,6 +174,37 @@ def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues,
     return res
 
 
+# The soft NIC's two codec modes, picked by the sender's mark (docs/wire-format.md, "Marks").
+MODES = (("paper", TOS_TAGGED), ("scaled", TOS_SCALED))
+
+
+def measure_modes(h1, h2, socks, path, error_bound, timeout, workdir, label) -> list[dict]:
+    """The stream once in each codec mode, per-packet and with gso, each received into a file:
+    goodput, the ratio the sender's daemon counted, and the NMSE of what arrived."""
+    x = np.fromfile(path, np.float32).astype(np.float64)
+    out, rows = os.path.join(workdir, "modes.bin"), []
+    for gso in (False, True):
+        with ExitStack() as st:
+            for h, s in zip((h1, h2), socks):
+                st.enter_context(nicd(h, s, error_bound, gso=gso))
+            for mode, tos in MODES:
+                s0 = read_stats(socks[0])
+                t = transfer(h1, h2, path, 1, tos, timeout, keep=out)
+                s1 = read_stats(socks[0])
+                got = np.fromfile(out, np.float32).astype(np.float64)
+                if got.size != x.size:
+                    raise UserError(f"{label}: {got.size} of {x.size} values arrived in the {mode} mode")
+                orig = s1["egress_orig_bytes"] - s0["egress_orig_bytes"]
+                raw = s1["egress_raw_bytes"] - s0["egress_raw_bytes"]
+                wire = s1["egress_wire_bytes"] - s0["egress_wire_bytes"]
+                rows.append({"mode": mode, "tos": tos, "gso": gso, "gbps": 8 * t["bytes"] / t["seconds"] / 1e9,
+                             "ratio": (orig + raw) / max(1, wire + raw),
+                             "nmse": float(np.sum((got - x) ** 2) / np.sum(x ** 2))})
+                log(f"{label} {mode} mode{' gso' if gso else ''}: ratio {rows[-1]['ratio']:.2f}x, "
+                    f"NMSE {rows[-1]['nmse']:.4f}")
+    return rows
+
+
 def stats_queues(sock: str) -> list[dict]:
     from ..daemon.stats import read
     return read(sock)["queues"]
@@ -179,7 +212,7 @@ def stats_queues(sock: str) -> list[dict]:
 
 def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
                  error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0,
-                 gso: bool = False, queues: tuple = (1,), streams: int = 1) -> dict:
+                 gso: bool = False, queues: tuple = (1,), streams: int = 1, modes: bool = False) -> dict:
     label = f"{rate or 'unshaped'} MTU {mtu}"
     log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged"
         + (f" + tagged under a {flood_pps:.0f} SYN/s flood" if flood_pps else "") + " ...")
@@ -220,6 +253,8 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
             res["flood_counted"]["sender_raw_not_negotiated"] = (s1["egress_raw_not_negotiated"]
                                                                  - before_flood_tx["egress_raw_not_negotiated"])
         stack.close()  # stop the daemons (and their rules) before the accept-only and gso runs
+        if modes:
+            res["modes"] = measure_modes(h1, h2, socks, path, error_bound, timeout, workdir, label)
         if gso:
             res["gso_runs"] = [measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, q, streams,
                                            rate_bps, label) for q in queues]
@@ -384,14 +419,31 @@ def run(args) -> int:
             reps = min(reps, 40)
             report["links"].append(measure_link(rate, mtu, path, x.nbytes, reps, args.rounds, args.error_bound,
                                                 tmp, accept_only_too=rate is None, flood_pps=args.flood,
-                                                gso=args.gso, queues=queues, streams=args.streams))
+                                                gso=args.gso, queues=queues, streams=args.streams,
+                                                modes=args.input == "raw"))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
         print_gso_report(report)
         print_flood_report(report)
+        print_modes_report(report)
     return 0
+
+
+def print_modes_report(r: dict) -> None:
+    links = [x for x in r["links"] if x.get("modes")]
+    if not links:
+        return
+    print(f"\nCodec modes on raw gradients (one pass of the stream each, error bound 2^{r['error_bound']}): "
+          "the paper's (the sender's mark 0x28) beside per-packet scaled (0x24, the shim's default)")
+    print(f"{'link':<22}{'path':<12}{'mode':<8}{'Gbit/s':>8}{'ratio':>8}{'NMSE':>9}")
+    for x in links:
+        for m in x["modes"]:
+            print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{'gso' if m['gso'] else 'per packet':<12}"
+                  f"{m['mode']:<8}{m['gbps']:>8.3f}{m['ratio']:>7.2f}x{m['nmse']:>9.4f}")
+    print("NMSE = sum((received - sent)^2) / sum(sent^2) over the whole stream; ratio = original / wire "
+          "payload bytes of the tagged packets, as the sender's daemon counted them.")
 
 
 def add_arguments(p) -> None:
@@ -410,7 +462,9 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", type=int, default=1, metavar="M",
                    help="parallel streams per transfer (default 1; flows spread over queues by hash)")
     p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
-                   help="gradients as the collective sends them (scaled per 64K bucket, default) or raw")
+                   help="gradients as the collective sends them (scaled per 64K bucket, default) or raw; "
+                   "raw also sends the stream once in each codec mode (paper's, per-packet scaled) and "
+                   "reports ratio and NMSE side by side")
     p.add_argument("--megabytes", type=float, default=50,
                    help="stream size at 100 Mbit (scaled up with the rate; default 50)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per link (default 3)")

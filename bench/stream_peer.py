@@ -1,6 +1,7 @@
 """A bulk TCP peer for benchmarks, run inside testbed hosts:
 
-  python -m inceptionn.bench.stream_peer recv ADDR PORT          -> prints {"bytes", "seconds"} as JSON
+  python -m inceptionn.bench.stream_peer recv ADDR PORT [OUT]    -> prints {"bytes", "seconds"} as JSON
+                                                                    (OUT: also keep what arrived)
   python -m inceptionn.bench.stream_peer send ADDR PORT FILE REPS TOS
 
 The receiver times from the first byte to the end of the stream (goodput as the application
@@ -12,7 +13,7 @@ import sys
 import time
 
 
-def recv(addr: str, port: int) -> None:
+def recv(addr: str, port: int, out: str | None = None) -> None:
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((addr, port))
@@ -21,6 +22,7 @@ def recv(addr: str, port: int) -> None:
     conn, _ = srv.accept()
     buf = memoryview(bytearray(4 << 20))
     total, first = 0, None
+    keep = open(out, "wb") if out else None
     while True:
         n = conn.recv_into(buf)
         if first is None:
@@ -28,6 +30,10 @@ def recv(addr: str, port: int) -> None:
         if n == 0:
             break
         total += n
+        if keep:
+            keep.write(buf[:n])
+    if keep:
+        keep.close()
     print(json.dumps({"bytes": total, "seconds": time.perf_counter() - (first or time.perf_counter())}), flush=True)
 
 
@@ -45,6 +51,6 @@ def send(addr: str, port: int, path: str, reps: int, tos: int) -> None:
 if __name__ == "__main__":
     mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "recv":
-        recv(addr, port)
+        recv(addr, port, sys.argv[4] if len(sys.argv) > 4 else None)
     else:
         send(addr, port, sys.argv[4], int(sys.argv[5]), int(sys.argv[6], 0))

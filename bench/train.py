@@ -25,6 +25,8 @@ CONFIGS = {
     "inc+c-no-scaling": ("inc", "nic", False, None),
     "inc+c-no-ef": ("inc", "nic", None, False),
     "inc+c-neither": ("inc", "nic", False, False),
+    # the workers send raw values, as an unmodified program would; the soft NICs scale per packet
+    "inc+c-scaled": ("inc", "nic-scaled", False, False),
 }
 DEFAULT_CONFIGS = ",".join(CONFIGS)
 

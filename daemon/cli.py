@@ -46,7 +46,11 @@ def register(sub) -> None:
     p.add_argument("--config", metavar="PATH", help="TOML config file (default /etc/inceptionn/nicd.toml if present)")
     p.add_argument("-i", "--interface", action="append", metavar="IFACE", help="interface to manage (repeatable)")
     p.add_argument("--tos", type=_whole_number, metavar="BYTE",
-                   help="the gradient mark the shim sets, as a ToS byte (default 0x28, DSCP 10)")
+                   help="the gradient mark of senders that scale their values themselves (the paper's codec; "
+                        "the collective), as a ToS byte (default 0x28, DSCP 10)")
+    p.add_argument("--tos-scaled", type=_whole_number, metavar="BYTE",
+                   help="the gradient mark of senders of raw float32 values, the shim's default: each packet "
+                        "is scaled by a power of two (default 0x24, DSCP 9)")
     p.add_argument("--tos-compressed", type=_whole_number, metavar="BYTE",
                    help="the mark of compressed packets on the wire (default 0x2c, DSCP 11)")
     p.add_argument("--tos-hello", type=_whole_number, metavar="BYTE",

@@ -25,7 +25,8 @@ CODECS = ("inceptionn",)  # codecs that are stateless per packet (see docs/soft-
 class NicdConfig:
     interfaces: list[str] = field(default_factory=list)
     # the marks' defaults: shim/inceptionn_contract.h
-    tos: int = contract.TOS_TAGGED                  # the application's mark (DSCP 10), set by the shim
+    tos: int = contract.TOS_TAGGED                  # a sender's mark for the paper's codec (DSCP 10)
+    tos_scaled: int = contract.TOS_SCALED           # ... for the per-packet scaled codec (DSCP 9), the shim's default
     tos_compressed: int = contract.TOS_COMPRESSED   # DSCP 11 on the wire: payload compressed
     tos_hello: int = contract.TOS_HELLO             # DSCP 12 on SYN / SYN-ACK: "soft NIC here"
     codec: str = "inceptionn"
@@ -65,7 +66,7 @@ class NicdConfig:
             if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name):
                 bad("interfaces", f"{name!r} is not an interface name")
         marks = {}
-        for key in ("tos", "tos_compressed", "tos_hello"):
+        for key in ("tos", "tos_scaled", "tos_compressed", "tos_hello"):
             v = getattr(self, key)
             if not _is_int(v) or not 0 <= v <= 0xFF or v & 3:
                 bad(key, f"must be a ToS byte with the ECN bits clear (0x00-0xfc, multiple of 4), got {v!r}")
@@ -74,7 +75,7 @@ class NicdConfig:
             if v in marks:
                 # Blame the one the user wrote: a clash with a default names the user's line.
                 mine, other = (marks[v], key) if marks[v] in given and key not in given else (key, marks[v])
-                bad(mine, f"same mark as {other} ({v:#04x}); the three marks must differ")
+                bad(mine, f"same mark as {other} ({v:#04x}); the four marks must differ")
             marks[v] = key
         if self.codec not in CODECS:
             bad("codec", f"{self.codec!r} cannot run per packet in the NIC; choose one of {', '.join(CODECS)}")

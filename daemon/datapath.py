@@ -23,6 +23,7 @@ class Datapath:
             c = ffi.new("struct nicd_config *")
             c.egress_queue, c.ingress_queue = egress, ingress
             c.tos_tagged, c.tos_compressed, c.tos_hello = cfg.tos, cfg.tos_compressed, cfg.tos_hello
+            c.tos_scaled = cfg.tos_scaled
             c.error_bound = cfg.error_bound
             c.queue_maxlen = cfg.queue_maxlen
             c.accept_only = int(cfg.accept_only)

@@ -176,7 +176,8 @@ def run(args) -> int:
         def snapshot():
             return {"pid": os.getpid(), "uptime_s": time.monotonic() - dp.started,
                     "config": {"interfaces": cfg.interfaces, "codec": cfg.codec, "error_bound": cfg.error_bound,
-                               "tos": cfg.tos, "tos_compressed": cfg.tos_compressed, "tos_hello": cfg.tos_hello,
+                               "tos": cfg.tos, "tos_scaled": cfg.tos_scaled, "tos_compressed": cfg.tos_compressed,
+                               "tos_hello": cfg.tos_hello,
                                "queues": cfg.queues, "queue_base": cfg.queue_base, "gso": cfg.gso},
                     "flows_active": flows["active"], "flows_expired": flows["expired"],
                     "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
@@ -270,8 +271,8 @@ def _reload(args, cfg, dp) -> None:
     cfg.error_bound, cfg.log_level = new.error_bound, new.log_level
     dp.set_error_bound(new.error_bound)
     logging.getLogger("inceptionn").setLevel(new.log_level.upper())
-    changed = [k for k in ("interfaces", "tos", "tos_compressed", "tos_hello", "queues", "queue_base", "socket",
-                           "metrics_textfile", "metrics_interval")
+    changed = [k for k in ("interfaces", "tos", "tos_scaled", "tos_compressed", "tos_hello", "queues", "queue_base",
+                           "socket", "metrics_textfile", "metrics_interval")
                if getattr(new, k) != getattr(cfg, k)]
     log.info("reloaded: error bound 2^%d, log level %s%s", new.error_bound, new.log_level,
              f"; restart to apply {', '.join(changed)}" if changed else "")

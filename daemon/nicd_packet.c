@@ -151,13 +151,13 @@ uint32_t nicd_crc32c(uint32_t crc, const uint8_t *b, size_t len)
     return ~crc;
 }
 
-/* CRC of a compressed payload with its CRC field (bytes 6..9) taken as zero. */
+/* CRC of a compressed payload (header included) with its CRC field (bytes 6..9) taken as zero. */
 static uint32_t payload_crc(const uint8_t *c, size_t len)
 {
     static const uint8_t zero[4] = {0, 0, 0, 0};
     uint32_t crc = nicd_crc32c(0, c, 6);
     crc = nicd_crc32c(crc, zero, 4);
-    return nicd_crc32c(crc, c + NICD_HDR_LEN, len - NICD_HDR_LEN);
+    return nicd_crc32c(crc, c + 10, len - 10);
 }
 
 /* ---- parsing ------------------------------------------------------------------------------ */
@@ -207,14 +207,16 @@ static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
 }
 
 /* Write the shim header in front of a compressed payload of clen bytes whose body (raw ends
- * and group stream) is already in place, CRC32C last. */
-static void seal_payload(uint8_t *c, size_t head, size_t tail, uint16_t echo, size_t nfloats,
-                         size_t clen)
+ * and group stream) is already in place, CRC32C last. Byte 10 is the scale exponent of codec 2
+ * (zero for codec 1). */
+static void seal_payload(uint8_t *c, size_t head, size_t tail, uint16_t echo, size_t nfloats, size_t clen,
+                         int codec, int scale)
 {
     c[0] = NICD_MAGIC;
-    c[1] = (NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN;
+    c[1] = (uint8_t)((NICD_VERSION << 4) | codec);
     c[2] = (uint8_t)(head | (tail << 2) | ((echo & 15) << 4));
     c[3] = (uint8_t)((echo & NICD_ECHO_MASK) >> 4);
+    c[NICD_SCALE_AT] = (uint8_t)(int8_t)scale;
     c[4] = (uint8_t)nfloats;
     c[5] = (uint8_t)(nfloats >> 8);
     uint32_t crc = payload_crc(c, clen);
@@ -235,8 +237,51 @@ static int split_payload(size_t plen, uint32_t stream_off, size_t *head, size_t 
     return *n != 0;
 }
 
+/* Codec 2 (docs/wire-format.md, "Scaled codec"): the power of two 2^x that brings the largest
+ * finite magnitude of v into [0.5, 1), where the codec keeps its precision. x is clamped to
+ * [-NICD_SCALE_MAX, NICD_SCALE_MAX], so 2^x and 2^-x are normal floats; 0 when no value is
+ * finite and non-zero. Infinities and NaNs do not count (they travel as NO_COMPRESS lanes). */
+int nicd_scale_exponent(const float *v, size_t n)
+{
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], 4);
+        b &= 0x7FFFFFFFu;
+        if (b < 0x7F800000u && b > m)
+            m = b;
+    }
+    if (!m)
+        return 0;
+    int x = 126 - (int)(m >> 23); /* biased exponent e: m * 2^(126-e) is in [0.5, 1); a denormal's is 0 */
+    return x < -NICD_SCALE_MAX ? -NICD_SCALE_MAX : x;
+}
+
+/* v *= 2^x for every finite value (exact, unless the product falls into the denormal range);
+ * infinities and NaNs keep their bits, a NaN's payload included. */
+void nicd_scale(float *v, size_t n, int x)
+{
+    uint32_t sb = (uint32_t)(127 + x) << 23;
+    float s;
+    memcpy(&s, &sb, 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], 4);
+        if ((b & 0x7F800000u) != 0x7F800000u)
+            v[i] *= s;
+    }
+}
+
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
                         uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers)
+{
+    return nicd_compress_codec(p, stream_off, NICD_CODEC_INCEPTIONN, error_bound, tos, echo, out, cap, scratch,
+                               tiers);
+}
+
+ptrdiff_t nicd_compress_codec(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound,
+                              uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch,
+                              uint64_t *tiers)
 {
     size_t plen = p->payload_len, head, n, tail;
     if (!split_payload(plen, stream_off, &head, &n, &tail))
@@ -252,6 +297,9 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
     const uint8_t *src = p->ip + p->payload_off;
     uint8_t *c = out + p->payload_off;
     memcpy(scratch, src + head, 4 * n); /* aligned copy: the payload has no float alignment */
+    int scale = codec == NICD_CODEC_SCALED ? nicd_scale_exponent(scratch, n) : 0;
+    if (scale)
+        nicd_scale(scratch, n, scale);
     ptrdiff_t slen = inc_encode(scratch, n, error_bound, c + NICD_HDR_LEN + head, budget,
                                 INC_IMPL_AUTO);
     if (slen == INC_E_SPACE)
@@ -265,7 +313,7 @@ ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error
     memcpy(c + NICD_HDR_LEN, src, head);
     memcpy(c + NICD_HDR_LEN + head + slen, src + head + 4 * n, tail);
     size_t clen = fixed + (size_t)slen;
-    seal_payload(c, head, tail, echo, n, clen);
+    seal_payload(c, head, tail, echo, n, clen, codec, scale);
     size_t len = p->payload_off + clen;
     finish_packet(out, len, tos);
     mark_tcp_checksum(out);
@@ -291,6 +339,7 @@ static size_t group_bytes(const uint8_t *g)
 static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *head, size_t nhead,
                           const uint8_t *s, size_t slen, size_t nfloats, const uint8_t *tail,
                           size_t ntail, int first, int last, unsigned idx, uint8_t tos, uint16_t echo,
+                          int codec, int scale,
                           uint8_t *out)
 {
     memcpy(out, p->ip, p->payload_off);
@@ -299,7 +348,7 @@ static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *h
     memcpy(c + NICD_HDR_LEN + nhead, s, slen);
     memcpy(c + NICD_HDR_LEN + nhead + slen, tail, ntail);
     size_t clen = NICD_HDR_LEN + nhead + slen + ntail;
-    seal_payload(c, nhead, ntail, echo, nfloats, clen);
+    seal_payload(c, nhead, ntail, echo, nfloats, clen, codec, scale);
     uint16_t id = (uint16_t)(((unsigned)p->ip[4] << 8 | p->ip[5]) + idx); /* as the kernel's GSO */
     out[4] = (uint8_t)(id >> 8);
     out[5] = (uint8_t)id;
@@ -321,6 +370,15 @@ ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int e
                             int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
                             uint64_t *tiers)
 {
+    return nicd_compress_gso_codec(p, stream_off, NICD_CODEC_INCEPTIONN, error_bound, tos, echo, mtu, out, cap,
+                                   seg_len, nsegs, max_segs, scratch, stream, stream_cap, tiers);
+}
+
+ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound,
+                                  uint8_t tos, uint16_t echo, size_t mtu, uint8_t *out, size_t cap, size_t *seg_len,
+                                  int *nsegs, int max_segs, float *scratch, uint8_t *stream,
+                                  size_t stream_cap, uint64_t *tiers)
+{
     size_t plen = p->payload_len, head, n, tail;
     if (!split_payload(plen, stream_off, &head, &n, &tail))
         return NICD_TOO_SHORT;
@@ -333,6 +391,10 @@ ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int e
 
     const uint8_t *src = p->ip + p->payload_off;
     memcpy(scratch, src + head, 4 * n);
+    /* codec 2: one exponent for the super-packet, carried by every packet cut from it */
+    int scale = codec == NICD_CODEC_SCALED ? nicd_scale_exponent(scratch, n) : 0;
+    if (scale)
+        nicd_scale(scratch, n, scale);
     ptrdiff_t slen = inc_encode(scratch, n, error_bound, stream, stream_cap, INC_IMPL_AUTO);
     if (slen < 0)
         return NICD_E_SPACE;
@@ -369,11 +431,29 @@ ptrdiff_t nicd_compress_gso(const struct nicd_pkt *p, uint32_t stream_off, int e
             return NICD_E_SPACE;
         seg_len[segs] = gso_segment(p, off, src, first ? head : 0, stream + s0, bytes, f1 - f0,
                                     src + head + 4 * n, last ? tail : 0, first, last, (unsigned)segs,
-                                    tos, echo, out + used);
+                                    tos, echo, codec, scale, out + used);
         used += seg_len[segs++];
     }
     *nsegs = segs;
     return (ptrdiff_t)used;
+}
+
+/* Byte 1 names a codec we decode; byte 10 is zero for codec 1 and a scale exponent in
+ * [-NICD_SCALE_MAX, NICD_SCALE_MAX] for codec 2. */
+static int header_codec_ok(const uint8_t *c)
+{
+    if (c[1] == ((NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN))
+        return c[NICD_SCALE_AT] == 0;
+    if (c[1] == ((NICD_VERSION << 4) | NICD_CODEC_SCALED))
+        return (int8_t)c[NICD_SCALE_AT] >= -NICD_SCALE_MAX && (int8_t)c[NICD_SCALE_AT] <= NICD_SCALE_MAX;
+    return 0;
+}
+
+int nicd_codec_of(const struct nicd_pkt *p)
+{
+    if (p->payload_len < NICD_HDR_LEN)
+        return -1;
+    return p->ip[p->payload_off + 1] & 15;
 }
 
 ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size_t cap,
@@ -386,7 +466,7 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
         return NICD_E_CHECKSUM;
     const uint8_t *c = p->ip + p->payload_off;
     size_t clen = p->payload_len;
-    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC || c[1] != ((NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN))
+    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC || !header_codec_ok(c))
         return NICD_E_HEADER;
     size_t head = c[2] & 3, tail = (c[2] >> 2) & 3;
     size_t n = (size_t)c[4] | ((size_t)c[5] << 8);
@@ -402,6 +482,8 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
     size_t slen = clen - NICD_HDR_LEN - head - tail;
     if (inc_decode(stream, slen, scratch, n, NULL, INC_IMPL_AUTO) != INC_OK)
         return NICD_E_DECODE;
+    if ((c[1] & 15) == NICD_CODEC_SCALED && c[NICD_SCALE_AT])
+        nicd_scale(scratch, n, -(int8_t)c[NICD_SCALE_AT]); /* undo the sender's 2^x exactly */
     memcpy(out, p->ip, p->payload_off);
     uint8_t *d = out + p->payload_off;
     memcpy(d, c + NICD_HDR_LEN, head);

@@ -3,14 +3,15 @@
  * the other side. Pure functions over byte buffers (no netfilter here), so they are unit-tested
  * and fuzzed on their own. The wire format is documented in docs/wire-format.md.
  *
- * Compressed payload = 10-byte shim header, then `head` raw bytes (up to the stream's next float
+ * Compressed payload = 11-byte shim header, then `head` raw bytes (up to the stream's next float
  * boundary), the INCEPTIONN group stream of n floats, then `tail` raw bytes (0-3).
  *   0  magic 0x49 ('I')
- *   1  version (high nibble, 1) | codec (low nibble, 1 = INCEPTIONN)
+ *   1  version (high nibble, 2) | codec (low nibble, 1 = INCEPTIONN, 2 = INCEPTIONN scaled)
  *   2  head (bits 0-1) | tail (bits 2-3) | echo bits 0-3 (bits 4-7)
  *   3  echo bits 4-11
  *   4  n, the float count (uint16 little-endian)
  *   6  CRC32C of the compressed payload with this field zeroed (uint32 little-endian)
+ *  10  codec 1: zero; codec 2: x (int8, |x| <= NICD_SCALE_MAX), the floats were multiplied by 2^x
  * echo: the low 12 bits of the receiver's ISN (the answerer confirms a flow with it; restoring
  * ignores it). The IP DSCP says "compressed"; TCP sequence numbers keep counting original bytes.
  * The TCP checksum of a compressed packet is deliberately wrong by NICD_CSUM_MARK: no TCP stack
@@ -22,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define NICD_HDR_LEN 10
+#define NICD_HDR_LEN 11
 #define NICD_MAGIC 0x49
 #define NICD_VERSION 2
 /* The ones-complement sum over a compressed packet's TCP pseudo-header and segment (checksum
@@ -30,6 +31,12 @@
 #define NICD_CSUM_MARK 0x4E43
 #define NICD_ECHO_MASK 0xFFF
 #define NICD_CODEC_INCEPTIONN 1
+/* The same group stream of each packet's floats times 2^x, x chosen per packet (per super-packet
+ * with gso) so that the largest finite magnitude lands in [0.5, 1); the receiver multiplies by
+ * 2^-x. For senders of raw gradients, which the paper's absolute precision would zero. */
+#define NICD_CODEC_SCALED 2
+#define NICD_SCALE_MAX 126 /* 2^x and 2^-x stay normal floats */
+#define NICD_SCALE_AT 10   /* the shim header byte holding x */
 #define NICD_MAX_PACKET 65535
 /* Largest packet a verdict can carry: the netlink attribute length is 16 bits and counts its own
  * 4-byte header, so 65532-65535 bytes would wrap it (the kernel then keeps the old packet). */
@@ -80,6 +87,12 @@ int nicd_parse(const uint8_t *buf, size_t caplen, struct nicd_pkt *p);
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
                         uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers);
 
+/* The same with the codec given: NICD_CODEC_INCEPTIONN (what nicd_compress does) or
+ * NICD_CODEC_SCALED (scaled by 2^x first, x in byte NICD_SCALE_AT of the shim header). */
+ptrdiff_t nicd_compress_codec(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound,
+                              uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch,
+                              uint64_t *tiers);
+
 /*
  * The GSO fast path (docs/wire-format.md, "Super-packets"): compress the payload of a TSO/GSO
  * super-packet (up to 64 KB) into the fewest compressed packets whose IP length is at most mtu.
@@ -106,6 +119,21 @@ int nicd_marked_checksum(const struct nicd_pkt *p);
 
 /* The echo field of a compressed packet's shim header (0 if the payload holds no header). */
 uint16_t nicd_echo(const struct nicd_pkt *p);
+
+/* nicd_compress_gso with the codec given; with NICD_CODEC_SCALED one exponent is chosen for the
+ * whole super-packet and every packet cut from it carries it. */
+ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound,
+                                  uint8_t tos, uint16_t echo, size_t mtu, uint8_t *out, size_t cap,
+                                  size_t *seg_len, int *nsegs, int max_segs, float *scratch, uint8_t *stream,
+                                  size_t stream_cap, uint64_t *tiers);
+
+/* Codec 2's scale: the exponent x for v (largest finite magnitude times 2^x in [0.5, 1), clamped
+ * to +-NICD_SCALE_MAX; 0 if none is finite and non-zero), and v *= 2^x on finite values only. */
+int nicd_scale_exponent(const float *v, size_t n);
+void nicd_scale(float *v, size_t n, int x);
+
+/* The codec id in a compressed packet's shim header (not validated), or -1 if it has none. */
+int nicd_codec_of(const struct nicd_pkt *p);
 
 /*
  * Restore a compressed packet: verify its TCP checksum (wrong by exactly NICD_CSUM_MARK) and

@@ -99,6 +99,17 @@ static int dscp_is(uint8_t tos, uint8_t mark)
     return (tos & 0xFC) == (mark & 0xFC);
 }
 
+/* The codec a tagged packet's mark asks for (docs/wire-format.md, "Marks"): the paper's for
+ * tos_tagged, the per-packet scaled one for tos_scaled; 0 if it carries neither mark. */
+static int codec_of_mark(const struct ctx *cx, uint8_t tos)
+{
+    if (dscp_is(tos, cx->cfg->tos_tagged))
+        return NICD_CODEC_INCEPTIONN;
+    if (dscp_is(tos, cx->cfg->tos_scaled))
+        return NICD_CODEC_SCALED;
+    return 0;
+}
+
 static void flush(struct ctx *cx)
 {
     if (!cx->n)
@@ -171,7 +182,7 @@ static struct nicd_hello_opt our_option(const struct ctx *cx, uint8_t role, uint
                                         const uint8_t *nonce)
 {
     struct nicd_hello_opt o = {
-        .version = NICD_VERSION, .role = role, .codec = NICD_CODEC_INCEPTIONN,
+        .version = NICD_VERSION, .role = role, .codec = NICD_CODEC_SCALED, /* we decode 1 and 2 */
         .tos_compressed = cx->cfg->tos_compressed, .orig_tos = (uint8_t)(orig_tos & 0xFC),
         .error_bound = (int8_t)cx->cfg->error_bound,
     };
@@ -179,10 +190,12 @@ static struct nicd_hello_opt our_option(const struct ctx *cx, uint8_t role, uint
     return o;
 }
 
-/* Compressing needs both ends to mean the same thing by the marks and the codec. */
+/* Compressing needs both ends to mean the same thing by the marks and the codec. The codec byte
+ * names the highest codec a soft NIC decodes (it decodes every one below it): each sender then
+ * picks codec 1 or 2 per packet by its mark. A peer from before codec 2 says 1: raw. */
 static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
 {
-    return o->version == NICD_VERSION && o->codec == NICD_CODEC_INCEPTIONN &&
+    return o->version == NICD_VERSION && o->codec == NICD_CODEC_SCALED &&
            o->error_bound == (int8_t)cx->cfg->error_bound &&
            o->tos_compressed == cx->cfg->tos_compressed;
 }
@@ -329,9 +342,10 @@ static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn,
                          uint64_t *tiers)
 {
     *nsegs = 0;
-    return nicd_compress_gso(p, p->seq - isn - 1, cx->cfg->error_bound,
-                             (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), cx->echo, mtu, cx->segs, sizeof cx->segs,
-                             cx->seg_len, nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream, sizeof cx->stream, tiers);
+    return nicd_compress_gso_codec(p, p->seq - isn - 1, codec_of_mark(cx, p->tos), cx->cfg->error_bound,
+                                   (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), cx->echo, mtu, cx->segs,
+                                   sizeof cx->segs, cx->seg_len, nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream,
+                                   sizeof cx->stream, tiers);
 }
 
 /* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
@@ -398,11 +412,12 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     key_of(&p, &k, 0);
     uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
 
-    if (syn == TCP_SYN && dscp_is(p.tos, cx->cfg->tos_tagged))
+    int codec = codec_of_mark(cx, p.tos);
+    if (syn == TCP_SYN && codec)
         return egress_syn(qh, id, &p, &k, cx);
     if (syn == (TCP_SYN | TCP_ACK))
         return egress_synack(qh, id, &p, &k, cx);
-    if (!dscp_is(p.tos, cx->cfg->tos_tagged) || p.payload_len == 0)
+    if (!codec || p.payload_len == 0)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
     uint32_t isn, peer_isn;
@@ -422,9 +437,9 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
             return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
-    ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
-                                (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->echo, OUT(cx),
-                                sizeof OUT(cx), cx->scratch, tiers);
+    ptrdiff_t r = nicd_compress_codec(&p, p.seq - isn - 1, codec, cx->cfg->error_bound,
+                                      (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->echo, OUT(cx),
+                                      sizeof OUT(cx), cx->scratch, tiers);
     if (r <= NICD_TOO_SHORT) { /* not compressed: any result that is no packet length */
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -550,7 +565,9 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     if (rewritten && (syn & TCP_SYN || !nicd_marked_checksum(&p)))
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
-    ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | cx->cfg->tos_tagged), OUT(cx),
+    /* the mark the sender's codec stands for goes back on (codec 2: tos_scaled) */
+    uint8_t mark = nicd_codec_of(&p) == NICD_CODEC_SCALED ? cx->cfg->tos_scaled : cx->cfg->tos_tagged;
+    ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | mark), OUT(cx),
                                sizeof OUT(cx), cx->scratch);
     if (r < 0) {
         switch (r) {

@@ -61,6 +61,7 @@ struct nicd_config {
     uint8_t tos_tagged;     /* the application's mark, 0x28 */
     uint8_t tos_compressed; /* on the wire: compressed payload */
     uint8_t tos_hello;      /* on handshake packets: "soft NIC here" */
+    uint8_t tos_scaled;     /* the application's mark for raw gradients (codec 2), 0x24 */
     int error_bound;        /* read per packet: Python may change it on reload */
     uint32_t queue_maxlen;
     int accept_only;        /* diagnostic: accept every queued packet unchanged (queue cost) */

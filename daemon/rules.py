@@ -10,8 +10,10 @@ drop, see _top).
 
 Egress (mangle POSTROUTING -o IFACE, after conntrack saw the original segment), may fail open
 (--queue-bypass):
-  tagged TCP SYN (DSCP of `tos`)  -> egress queue: remember the ISN, mark "soft NIC here"
-  tagged TCP, IP length >= 100    -> egress queue: compress (pure ACKs and tiny segments,
+  tagged TCP SYN (DSCP of `tos` or of `tos_scaled`, one rule each)
+                                  -> egress queue: remember the ISN, mark "soft NIC here"
+  tagged TCP, IP length >= 100 (one rule per mark)
+                                  -> egress queue: compress (pure ACKs and tiny segments,
                                      which could never shrink, never cost a queue round trip)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
 Ingress:
@@ -61,7 +63,7 @@ COMMENT = contract.RULE_COMMENT
 FAILCLOSED_COMMENT = contract.FAILCLOSED_COMMENT  # the persistent drops, all instances
 TABLES = ("raw", "mangle")
 # Smallest tagged IP packet worth a queue round trip: 20 (IP) + up to 60 (TCP) + 20 bytes of
-# payload; below that the 10-byte shim header and tag words leave nothing to gain.
+# payload; below that the 11-byte shim header and tag words leave nothing to gain.
 MIN_QUEUED_LENGTH = 100
 
 
@@ -75,7 +77,7 @@ _LDX_IPHDR, _LDB_X, _LD_LEN, _TXA, _TAX = 0xB1, 0x50, 0x80, 0x87, 0x07
 _ADD_K, _ADD_X, _RSH_K, _AND_K, _JGE_X, _JGT_X, _JSET_K, _RET_K = 0x04, 0x0C, 0x74, 0x54, 0x3D, 0x2D, 0x45, 0x06
 _SUB_K, _LDH_X, _JEQ_K = 0x14, 0x48, 0x15
 # Matches a TCP packet that could be a compressed segment: not a SYN, and a payload after the
-# headers (compressed segments always carry one, a 10-byte shim header at least), so SYNs and
+# headers (compressed segments always carry one, an 11-byte shim header at least), so SYNs and
 # pure ACKs of hosts that happen to use the compressed DSCP are never queued or dropped. A
 # packet too short for a TCP header matches too: nicd drops and counts it. (u32 cannot test
 # "payload of 1 byte or more", and a length match cannot see the header lengths.)
@@ -100,9 +102,10 @@ MAY_BE_COMPRESSED = _cbpf(
     (_RET_K, 0, 0, 1),       # 18 a payload: match
     (_RET_K, 0, 0, 0),       # 19 a pure ACK: no match
 )
-# The first two bytes of a compressed payload: magic 0x49, version 2 | codec 1 (nicd_packet.h;
-# tests/test_nicd_routed.py checks them against the C constants), and the shim header's length.
-SHIM_START, SHIM_LEN = 0x4921, 10
+# The first two bytes of a compressed payload: magic 0x49, version 2 in the high nibble (the low
+# one is the codec, masked off), and the shim header's length (nicd_packet.h;
+# tests/test_nicd_routed.py checks them against the C constants).
+SHIM_START, SHIM_START_MASK, SHIM_LEN = 0x4920, 0xFFF0, 11
 # Matches a TCP segment, not a SYN, whose payload holds a shim header's worth of bytes and starts
 # with SHIM_START: what a compressed packet looks like after a router rewrote its DSCP. Only a
 # candidate: nicd tells by its TCP checksum (wrong by exactly NICD_CSUM_MARK) and lets every
@@ -116,14 +119,15 @@ LOOKS_COMPRESSED = _cbpf(
     (_ADD_K, 0, 0, SHIM_LEN),  # 8
     (_TAX, 0, 0, 0),         # 9  X = payload offset + a shim header
     (_LD_LEN, 0, 0, 0),      # 10
-    (_JGE_X, 0, 6, 0),       # 11 room for a shim header? -> 12, else 18
+    (_JGE_X, 0, 7, 0),       # 11 room for a shim header? -> 12, else 19
     (_TXA, 0, 0, 0),         # 12
     (_SUB_K, 0, 0, SHIM_LEN),  # 13
     (_TAX, 0, 0, 0),         # 14 X = payload offset
     (_LDH_X, 0, 0, 0),       # 15 A = the payload's first two bytes
-    (_JEQ_K, 0, 1, SHIM_START),  # 16 -> 17, else 18
-    (_RET_K, 0, 0, 1),       # 17 looks compressed: match
-    (_RET_K, 0, 0, 0),       # 18 no match
+    (_AND_K, 0, 0, SHIM_START_MASK),  # 16 any codec
+    (_JEQ_K, 0, 1, SHIM_START),  # 17 -> 18, else 19
+    (_RET_K, 0, 0, 1),       # 18 looks compressed: match
+    (_RET_K, 0, 0, 0),       # 19 no match
 )
 QUEUE_PROC = Path("/proc/self/net/netfilter/nfnetlink_queue")  # this network namespace's
 log = logging.getLogger("inceptionn.nicd")
@@ -179,15 +183,16 @@ def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
     for ifname in cfg.interfaces:
         out = ["POSTROUTING", "-o", ifname, "-p", "tcp"]
         inn = ["PREROUTING", "-i", ifname, "-p", "tcp"]
+        marks = (cfg.tos, cfg.tos_scaled)  # the paper's codec, the scaled one: the mark picks it
         if cfg.accept_only:  # the same tagged packets through a queue each way, nothing else
-            specs += [("mangle", out + _dscp(cfg.tos) + tag + _queue_target(cfg.egress_queues, True)),
-                      ("mangle", inn + _dscp(cfg.tos) + tag + _queue_target(cfg.ingress_queues, True))]
+            specs += [("mangle", out + _dscp(m) + tag + _queue_target(cfg.egress_queues, True)) for m in marks]
+            specs += [("mangle", inn + _dscp(m) + tag + _queue_target(cfg.ingress_queues, True)) for m in marks]
             continue
+        specs += [("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(m) + tag
+                   + _queue_target(cfg.egress_queues, True)) for m in marks]
+        specs += [("mangle", out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + _dscp(m) + tag
+                   + _queue_target(cfg.egress_queues, True)) for m in marks]
         specs += [
-            ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(cfg.tos) + tag
-             + _queue_target(cfg.egress_queues, True)),
-            ("mangle", out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + _dscp(cfg.tos) + tag
-             + _queue_target(cfg.egress_queues, True)),
             ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),
             ("raw", _compressed(cfg, ifname) + tag + _queue_target(cfg.ingress_queues, False)),
             ("raw", inn + ["-m", "dscp", "!", "--dscp", str(cfg.tos_compressed >> 2), "-m", "bpf", "--bytecode",

@@ -2,7 +2,10 @@
 the cffi binding built from that header (the C code includes the same file), so there is one
 definition of each.
 
-TOS_TAGGED       0x28  a gradient socket's packets (DSCP 10), set by the shim or the program
+TOS_TAGGED       0x28  a gradient socket's packets (DSCP 10) whose sender scales them itself and
+                       predicts the receiver's decode (the paper's codec mode; the collective)
+TOS_SCALED       0x24  a gradient socket's raw float32 packets (DSCP 9): the soft NIC scales
+                       each packet (codec 2); the shim's default
 TOS_COMPRESSED   0x2c  on the wire: payload compressed by the soft NIC (DSCP 11)
 TOS_HELLO        0x30  on SYN / SYN-ACK: "soft NIC here" (DSCP 12)
 RULE_COMMENT           the soft NIC's queue rules: RULE_COMMENT + "-<queue base>"
@@ -14,6 +17,7 @@ from __future__ import annotations
 from ._policy import ffi, lib
 
 TOS_TAGGED: int = lib.INCEPTIONN_TOS_TAGGED
+TOS_SCALED: int = lib.INCEPTIONN_TOS_SCALED
 TOS_COMPRESSED: int = lib.INCEPTIONN_TOS_COMPRESSED
 TOS_HELLO: int = lib.INCEPTIONN_TOS_HELLO
 RULE_COMMENT: str = ffi.string(lib.INCEPTIONN_RULE_COMMENT).decode()

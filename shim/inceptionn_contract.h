@@ -6,8 +6,12 @@
 #ifndef INCEPTIONN_CONTRACT_H
 #define INCEPTIONN_CONTRACT_H
 
-/* DSCP 10: the packets of a gradient socket, as the shim or the program sets it. */
+/* DSCP 10: the packets of a gradient socket whose sender puts its values into the codec's range
+ * itself and may predict the receiver's decode bit for bit (the paper's mode; our collective). */
 #define INCEPTIONN_TOS_TAGGED 0x28
+/* DSCP 9: the packets of a gradient socket that carries raw float32 gradients: the soft NIC scales
+ * each packet by a power of two of its own (codec 2). The shim's default mark. */
+#define INCEPTIONN_TOS_SCALED 0x24
 /* DSCP 11 on the wire: the payload is compressed (only the peer's soft NIC may read it). */
 #define INCEPTIONN_TOS_COMPRESSED 0x2c
 /* DSCP 12 on SYN / SYN-ACK: "soft NIC here", the handshake of the negotiation. */

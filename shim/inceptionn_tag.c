@@ -1,4 +1,5 @@
-/* libinceptionn_tag: give the TCP sockets of an unmodified program the gradient ToS (0x28).
+/* libinceptionn_tag: give the TCP sockets of an unmodified program a gradient ToS (default 0x24, raw
+ * gradients: the soft NIC scales each packet; tos=0x28 for senders that scale their own).
  *
  * Loaded with LD_PRELOAD (`inceptionn run`, `inceptionn mpirun`). The policy comes from
  * INCEPTIONN_TAG, checked once when the library loads by tag_policy.c (the parser the CLI also
@@ -12,7 +13,7 @@
  *   port=N[-M]          both of the above: the service port, at either end of the connection
  *   net=ADDR[/LEN]      sockets that connect() to, or are accept()ed from, a peer in that
  *                       IPv4 or IPv6 network (IPv4 networks also match IPv4-mapped peers)
- *   tos=V               the mark (default 0x28): a multiple of 4 from 4 to 252, decimal or 0x..;
+ *   tos=V               the mark (default 0x24): a multiple of 4 from 4 to 252, decimal or 0x..;
  *                       not DSCP 11 (0x2c) or 12 (0x30), the soft NIC's own marks on the wire
  *   override=keep|allow keep (default): the tag stays when the program later sets IP_TOS or
  *                       IPV6_TCLASS itself; allow: the program's own value wins, both later
@@ -60,7 +61,7 @@
 
 #define LOG_OPEN_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW)
 
-static struct tag_policy P = {.tos = INCEPTIONN_TOS_TAGGED, .keep = 1}; /* read-only after init() */
+static struct tag_policy P = {.tos = INCEPTIONN_TOS_SCALED, .keep = 1}; /* read-only after init() */
 static int g_active;                                      /* INCEPTIONN_TAG is set */
 static int g_log_level;
 static char g_log_path[TAG_LOG_PATH_MAX];                 /* empty: stderr */

@@ -40,7 +40,7 @@ from pathlib import Path
 from inceptionn.daemon import rules
 from inceptionn.errors import UserError
 
-from .contract import TOS_TAGGED
+from .contract import TOS_SCALED, TOS_TAGGED
 from .policy import Policy, check_log
 from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
 
@@ -57,7 +57,9 @@ USAGE = "inceptionn mpirun [--tag POLICY] [--testbed NAME] [options] [mpirun arg
 HELP = f"""usage: {USAGE}
 
 Run OpenMPI's mpirun with the tagging library preloaded into every rank, so the job's gradient
-sockets carry ToS {TOS_TAGGED:#04x} and MPI's own sockets do not (see docs/shim.md).
+sockets carry ToS {TOS_SCALED:#04x} and MPI's own sockets do not (see docs/shim.md): the soft NIC scales
+each packet of raw gradients by a power of two (tos={TOS_TAGGED:#04x} in the policy for senders that scale
+their own values and predict the receiver's decode: the paper's codec).
 
 wrapper options (anywhere before the --; everything else before it goes to mpirun):
   --tag POLICY        what to tag (default: $INCEPTIONN_TAG): port selectors only, e.g.

@@ -6,7 +6,7 @@ with the same canonical form and the same reasons. Terms, comma separated, space
 allowed:
 
     all | none | port=N[-M] | lport=N[-M] | rport=N[-M] | net=ADDR[/LEN]     selectors (any matches)
-    tos=V (default 0x28)    override=keep|allow (default keep)              options, at most once
+    tos=V (default 0x24)    override=keep|allow (default keep)              options, at most once
 
 ``tos`` is a multiple of 4 from 4 to 252, but not DSCP 11 (0x2c) or 12 (0x30): those are the soft
 NIC's own marks on the wire (compressed data, handshake).

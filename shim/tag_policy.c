@@ -223,7 +223,7 @@ int tag_policy_parse(const char *text, size_t total, struct tag_policy *p, char 
     if (p->has_all && selectors > 1)
         return fail(err, n, "'all' cannot be combined with other selectors (it already covers every TCP socket)");
     if (p->tos < 0)
-        p->tos = INCEPTIONN_TOS_TAGGED;
+        p->tos = INCEPTIONN_TOS_SCALED; /* raw gradients: the soft NIC scales each packet */
     if (p->keep < 0)
         p->keep = 1;
     return 0;

@@ -162,7 +162,9 @@ def spoof_hello(a):
     syn = tcp_segment(a.src, a.dst, a.sport, a.dport, a.isn, 0, 0x02, 0x28, struct.pack("!BBH", 2, 4, 1460))
     p, keep = parsed(syn)
     o = ffi.new("struct nicd_hello_opt *")
-    o.version, o.role, o.codec, o.error_bound, o.tos_compressed, o.orig_tos = getattr(lib, "NICD_VERSION", 1), 1, 1, -10, 0x2C, 0x28
+    # the settings a soft NIC of this build announces (codec: the highest it decodes)
+    o.version, o.role, o.error_bound, o.tos_compressed, o.orig_tos = getattr(lib, "NICD_VERSION", 1), 1, -10, 0x2C, 0x28
+    o.codec = getattr(lib, "NICD_CODEC_SCALED", 1)
     o.nonce = list(os.urandom(6))
     out = ffi.new("uint8_t[]", 200)
     n = lib.nicd_add_option(p, o, 0x30, out, len(out))
@@ -215,13 +217,13 @@ def mark_checksum(raw: bytes) -> bytes:
     return raw[:at] + struct.pack("!H", (v & 0xFFFF) + (v >> 16)) + raw[at + 2:]
 
 
-def shim(n: int, body: bytes, *, magic=0x49, ver=0x21, ht=0, crc=None) -> bytes:
-    """A compressed payload: 10-byte header (daemon/nicd_packet.h) + body, CRC32C made valid
-    unless ``crc`` is given."""
+def shim(n: int, body: bytes, *, magic=0x49, ver=0x21, ht=0, x=0, crc=None) -> bytes:
+    """A compressed payload: 11-byte header (daemon/nicd_packet.h) + body, CRC32C made valid
+    unless ``crc`` is given. ``x``: byte 10, codec 2's scale exponent (int8); echo 0."""
     hdr = bytes([magic, ver, ht, 0]) + struct.pack("<H", n)
     if crc is None:
-        crc = _crc32c(hdr + b"\0\0\0\0" + body)
-    return hdr + struct.pack("<I", crc) + body
+        crc = _crc32c(hdr + b"\0\0\0\0" + bytes([x & 0xFF]) + body)
+    return hdr + struct.pack("<I", crc) + bytes([x & 0xFF]) + body
 
 
 KINDS = {
@@ -238,12 +240,16 @@ KINDS = {
     "udp": None,                   # UDP with the compressed mark: not ours, never queued
     "wrap": "drop_too_big",        # valid, restores to 65532-65535 bytes (wraps the netlink length)
     "fits": "ingress_restored",    # the same at 65531 bytes, the largest a verdict can carry
+    "exponent": "drop_header",     # codec 2, valid CRC and stream, scale exponent 127, -127 or -128
+    "exponent1": "drop_header",    # codec 1 with a non-zero byte 3 (only codec 2 has an exponent)
+    "scaled": "ingress_restored",  # codec 2, valid, exponent +-126 (the limits) or 0
 }
+BAD_EXPONENTS = (127, -127, -128)
 
 
-def zeros_restoring_to(total: int) -> bytes:
+def zeros_restoring_to(total: int, ver=0x21, scale=0) -> bytes:
     """A valid compressed payload (no TCP options) whose restored IP packet is ``total`` bytes:
-    zero floats, tail bytes making up the rest."""
+    zero floats, tail bytes making up the rest (codec 2 when ver is 0x22, exponent ``scale``)."""
     import numpy as np
     from inceptionn.codecs._native import ffi, lib
     n, tail = divmod(total - 40, 4)
@@ -251,7 +257,7 @@ def zeros_restoring_to(total: int) -> bytes:
     x = np.zeros(n, np.float32)
     slen = lib.inc_encode(ffi.from_buffer("float[]", x), n, -10, out, n + 64, 0)
     assert slen > 0, slen
-    return shim(n, bytes(ffi.buffer(out, slen)) + b"T" * tail, ht=tail << 2)
+    return shim(n, bytes(ffi.buffer(out, slen)) + b"T" * tail, ht=tail << 2, ver=ver, x=scale)
 
 
 
@@ -292,6 +298,12 @@ def craft(a):
             pkts.append(ip / tcp / Raw(zeros_restoring_to(65532 + i % 4)))
         elif k == "fits":
             pkts.append(ip / tcp / Raw(zeros_restoring_to(65531)))
+        elif k == "exponent":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x22, scale=BAD_EXPONENTS[i % 3])))
+        elif k == "exponent1":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x21, scale=1 + i % 255)))
+        elif k == "scaled":
+            pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x22, scale=(126, -126, 0)[i % 3])))
         elif k == "udp":
             pkts.append(IP(dst=a.dst, tos=0x2C) / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
                         / Raw(shim(8, rnd.randbytes(20))))
@@ -311,6 +323,8 @@ SPOOFS = {
     "badnonce": "hello option with a wrong nonce, ack = ISN + 1 (the stack accepts it)",
     "plain": "only the DSCP 12 mark, as a reflecting kernel or an AF12 socket sends it",
 }
+# only when asked for (--kinds codec1): a right answer from a soft NIC that knows codec 1 only
+ON_REQUEST = {"codec1": "hello option echoing the real nonce, ack = ISN + 1, codec byte 1"}
 
 
 def spoof_synack(a):
@@ -332,15 +346,19 @@ def spoof_synack(a):
     if hello is None:
         raise SystemExit("spoof-synack: the client's SYN carried no hello option")
     pkts = []
+    answering = (hello[2] & 0xF0) | 2   # the hello's version, role ANSWER
     for kind in a.kinds.split(","):
         p = IP(bytes(synack))
         p.tos = 0x30
         if kind == "badack":
             p[TCP].ack += 1000
-            answer = bytes([hello[0], hello[1], 0x12]) + hello[3:]  # our settings, role ANSWER
+            answer = bytes([hello[0], hello[1], answering]) + hello[3:]  # our settings
+            p[TCP].options = [(253, answer)] + p[TCP].options
+        elif kind == "codec1":  # a soft NIC from before codec 2: the right answer, codec byte 1
+            answer = bytes([hello[0], hello[1], answering, 1]) + hello[4:]
             p[TCP].options = [(253, answer)] + p[TCP].options
         elif kind == "badnonce":
-            answer = bytes([hello[0], hello[1], 0x12]) + hello[3:8] + bytes(b ^ 0xA5 for b in hello[8:14])
+            answer = bytes([hello[0], hello[1], answering]) + hello[3:8] + bytes(b ^ 0xA5 for b in hello[8:14])
             p[TCP].options = [(253, answer)] + p[TCP].options
         elif kind != "plain":
             raise SystemExit(f"unknown spoof {kind!r}")
@@ -382,7 +400,7 @@ def main():
     f = sub.add_parser("spoof-synack")
     f.add_argument("--iface", required=True)
     f.add_argument("--port", type=int, default=0, help="the server's port (default: the first SYN's)")
-    f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS)}")
+    f.add_argument("--kinds", default=",".join(SPOOFS), help=f"comma-separated, from {', '.join(SPOOFS | ON_REQUEST)}")
     f.add_argument("--timeout", type=float, default=30)
     v = sub.add_parser("serve")
     v.add_argument("--bind", required=True)

@@ -36,6 +36,22 @@ def test_gso_with_one_and_two_queues(no_leaks, capsys):
     assert link["gso"] == link["gso_runs"][0]["gbps_median"]
 
 
+@needs_root
+def test_raw_input_reports_both_codec_modes(no_leaks, capsys):
+    """--input raw: the stream once in each codec mode, per packet and with gso: ratio and NMSE
+    side by side; the scaled mode keeps raw gradients (NMSE <= 0.06), the paper's zeroes them."""
+    from inceptionn.cli import main
+    rc = main(["bench", "nic", "--links", "unshaped@1500", "--input", "raw", "--rounds", "1", "--megabytes", "1",
+               "--captures", "2", "--json"])
+    assert rc == 0
+    modes = json.loads(capsys.readouterr().out)["links"][0]["modes"]
+    assert [(m["mode"], m["gso"]) for m in modes] == [("paper", False), ("scaled", False), ("paper", True),
+                                                      ("scaled", True)]
+    for paper, scaled in (modes[:2], modes[2:]):
+        assert scaled["nmse"] <= 0.06 < paper["nmse"], (paper, scaled)
+        assert paper["ratio"] > scaled["ratio"] > 2, (paper, scaled)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--queues", "1,x"], "--queues"),
     (["--queues", "0"], "--queues"),

@@ -1,5 +1,5 @@
 """``inceptionn mpirun``: a real OpenMPI job over 4 testbed hosts in which exactly the designated
-sockets carry ToS 0x28.
+sockets carry ToS 0x24 (the shim's default).
 
 The job (tests/shim_progs/mpi_grad.c) has no tagging code: after MPI_Init it opens a ring of plain
 TCP connections on ports 23000+rank and moves float32 values both ways on each, between
@@ -27,13 +27,14 @@ import pytest
 from cli_helpers import CLI, assert_one_line_error, run_cli
 from inceptionn.cli import main
 from inceptionn.daemon.stats import read as read_stats
+from inceptionn.shim.contract import TOS_SCALED
 from inceptionn.kernel_tc import testbed
 
 PROGS = Path(__file__).resolve().parent / "shim_progs"
 GRAD = (23000, 23099)          # the gradient sockets: the tag policy
 BTL = (61000, 61099)           # MPI's TCP BTL listeners: the wrapper's default --btl-ports
 NFLOATS = 1 << 19              # per direction and connection (2 MiB)
-DSCP = 0x28 >> 2
+DSCP = TOS_SCALED >> 2  # the shim's default mark (raw gradients: the soft NIC scales them)
 COMPRESSED = 0x2C >> 2  # what the soft NIC sends: with gso (its default) through a raw socket,
                         # so its compressed packets cross OUTPUT too, after their tagged original
 
@@ -131,7 +132,7 @@ def test_mpirun_tags_exactly_the_gradient_sockets(tb_name, tmp_path, mpi_grad):
 
         # every rank on its own host; its two gradient sockets and its listener tagged; data intact
         ranks = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
-        assert sorted(ranks) == [f"rank {i} host h{i + 1} out_tos 0x28 in_tos 0x28 listen_tos 0x28 ok" for i in range(4)]
+        assert sorted(ranks) == [f"rank {i} host h{i + 1} out_tos 0x24 in_tos 0x24 listen_tos 0x24 ok" for i in range(4)]
         assert r.stdout.splitlines()[-1] == "all ok"
 
         # the packets: on every host, gradient ports always tagged, MPI's never, nothing else tagged
@@ -168,7 +169,7 @@ def test_mpirun_on_one_host_and_dry_run(tb_name, mpi_grad):
         assert "this host only" in r.stderr and "soft NIC not running" in r.stderr
         ranks = sorted(ln.split(" host ")[1].split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("rank "))
         # rport: the connecting socket is tagged, the accepted one and the listener are not
-        assert ranks == ["out_tos 0x28 in_tos 0x00 listen_tos 0x00 ok"] * 2
+        assert ranks == ["out_tos 0x24 in_tos 0x00 listen_tos 0x00 ok"] * 2
 
         r = run_cli("mpirun", "--tag", "port=40000-40010", "--testbed", tb_name, "--dry-run", "--json",
                     "--mca", "btl_tcp_if_include", "eth0", "-np", "2", "--", "/bin/true")
@@ -182,7 +183,7 @@ def test_mpirun_on_one_host_and_dry_run(tb_name, mpi_grad):
         assert mca["btl_tcp_port_min_v4"] == str(BTL[0]) and mca["btl_tcp_port_range_v4"] == "100"
         assert mca["oob_tcp_if_include"] == "198.18.0.0/24" and mca["plm_rsh_no_tree_spawn"] == "1"
         assert argv.count("btl_tcp_if_include") == 1 and argv[argv.index("btl_tcp_if_include") + 1] == "eth0"  # the user's wins
-        assert "INCEPTIONN_TAG=port=40000-40010,tos=0x28,override=keep" in argv
+        assert "INCEPTIONN_TAG=port=40000-40010,tos=0x24,override=keep" in argv
         assert argv[argv.index("--host") + 1] == f"{h1.ip}:1,{tb.hosts[1].ip}:1"
         assert plan["argv"][:4] == ["ip", "netns", "exec", h1.netns]
         assert plan["env"]["OMPI_ALLOW_RUN_AS_ROOT"] == "1"

@@ -22,8 +22,14 @@ from test_nicd import (INC, PY, assert_words_equal, iptables_save, make_testbed,
                        transfer)
 from netns_helpers import wait_until
 from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted, raw_prerouting
+from inceptionn.daemon.config import NicdConfig
+from inceptionn.daemon.rules import rule_specs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+
+
+# an instance's queue rules on one interface (two tagged marks: a SYN and a data rule each)
+N_RULES = len(rule_specs(NicdConfig(interfaces=["eth0"])))
 
 
 def drop_invalid(host):
@@ -129,15 +135,15 @@ def test_instances_in_one_namespace_leave_each_other_alone(tmp_path, small):
         config_b.write_text(f'interfaces = ["ntb0"]\nqueue_base = 7200\nsocket = "{sock_b}"\n')
         with running_nicd(h2, tmp_path, tag="-a") as a:
             rules_a = _instance_rules(h2, 7100)
-            assert len(rules_a) == 6, iptables_save(h2)
+            assert len(rules_a) == N_RULES, iptables_save(h2)
             b = UnitDaemon(h2, config_b, tmp_path / "b1.log")
             try:
                 assert _instance_rules(h2, 7100) == rules_a, "starting B changed A's rules"
-                assert len(_instance_rules(h2, 7200)) == 6
+                assert len(_instance_rules(h2, 7200)) == N_RULES
                 assert b.stop_like_systemd(signal.SIGTERM) == 0  # ExecStopPost: --cleanup, no arguments
                 assert _instance_rules(h2, 7100) == rules_a, "stopping B changed A's rules"
                 assert _instance_rules(h2, 7200) == []
-                assert "removed 6 rule(s)" in (tmp_path / "b1.log").read_text()
+                assert f"removed {N_RULES} rule(s)" in (tmp_path / "b1.log").read_text()
                 saved = iptables_save(h2)
                 assert saved.count(DROP_COMMENT) == 2 and "-i ntb0" in saved, saved  # both drops stay
                 assert a.sock.exists(), "B's cleanup removed A's socket"
@@ -146,10 +152,10 @@ def test_instances_in_one_namespace_leave_each_other_alone(tmp_path, small):
                 assert "stale" not in (tmp_path / "b2.log").read_text(), "B found stale rules after a clean stop"
                 assert iptables_save(h2).count(DROP_COMMENT) == 2, "B's drop was installed twice"
                 b.kill()  # a crash: B's rules stay until a cleanup
-                assert len(_instance_rules(h2, 7200)) == 6 and sock_b.exists()
+                assert len(_instance_rules(h2, 7200)) == N_RULES and sock_b.exists()
                 r = h2.run([INC, "nicd", "--cleanup", "--config", str(config_b)], capture_output=True, text=True,
                            timeout=30)
-                assert r.returncode == 0 and "removed 6 rule(s)" in r.stderr, r.stderr
+                assert r.returncode == 0 and f"removed {N_RULES} rule(s)" in r.stderr, r.stderr
                 assert _instance_rules(h2, 7200) == [] and not sock_b.exists()
                 assert _instance_rules(h2, 7100) == rules_a, "--cleanup removed a running instance's rules"
                 r = h2.run([INC, "nicd", "--uninstall"], capture_output=True, text=True, timeout=30)

@@ -64,6 +64,33 @@ def test_compress_leaves_packets_the_peer_could_not_restore_raw():
         assert (r > 2) == want_compressed, (total, r)
 
 
+def test_scale_exponents_out_of_range_are_refused():
+    """Byte 10 of the shim header: codec 2's exponent must be within +-126 (2^x stays a normal
+    float), codec 1's must be 0. With the CRC and the TCP checksum valid, anything else is a
+    header error (NICD_E_HEADER, -5), never decoded."""
+    out, scratch = ffi.new("uint8_t[]", 70000), ffi.new("float[]", 16400)
+    for ver, x, ok in [(0x22, 126, True), (0x22, -126, True), (0x22, 0, True), (0x22, 127, False),
+                       (0x22, -127, False), (0x22, -128, False), (0x21, 0, True), (0x21, 1, False),
+                       (0x21, -1, False), (0x23, 0, False), (0x20, 0, False), (0x11, 0, False)]:
+        pkt = compressed_packet(nicd_peer.zeros_restoring_to(400, ver=ver, scale=x))
+        p = ffi.new("struct nicd_pkt *")
+        keep = ffi.from_buffer(pkt)
+        assert lib.nicd_parse(keep, len(pkt), p) == 0
+        r = lib.nicd_restore(p, 0x24, out, len(out), scratch)
+        assert (r == 400) if ok else (r == -5), (hex(ver), x, r)
+
+
+@needs_root
+def test_bad_scale_exponents_dropped_end_to_end(tmp_path):
+    """Crafted codec-2 packets with exponents out of range, and codec-1 packets with one, reach
+    the receiver's daemon and are dropped as header errors; valid codec-2 packets at the limits
+    restore and reach the stack with the scaled mark (DSCP 9); no compressed packet reaches it."""
+    delta, compressed_in_stack, scaled_in_stack = crafted_to_a_daemon(tmp_path, "exponent,exponent1,scaled", 6, 9)
+    assert delta["ingress_packets"] == 18, {k: v for k, v in delta.items() if v}
+    assert delta["drop_header"] == 12 and delta["ingress_restored"] == 6, {k: v for k, v in delta.items() if v}
+    assert compressed_in_stack == 0 and scaled_in_stack == 6
+
+
 def add_stack_counter(host, name, dscp):
     """Count what reaches the stack (filter INPUT, after every queue) with a DSCP."""
     host.run(["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "-m", "dscp", "--dscp", str(dscp),
@@ -78,23 +105,30 @@ def stack_count(host, name) -> int:
     raise AssertionError(f"no rule nt-{name}")
 
 
-@needs_root
-def test_wrapping_restored_lengths_dropped_end_to_end(tmp_path):
+def crafted_to_a_daemon(tmp_path, kinds: str, count: int, restored_dscp: int) -> tuple[dict, int, int]:
+    """nicd_peer.py craft sends ``count`` packets of each kind from h1 to h2's daemon. Returns the
+    daemon's counter changes, and how many packets reached h2's stack still marked compressed and
+    with DSCP ``restored_dscp``."""
+    n = count * len(kinds.split(","))
     with make_testbed() as tb:
         h1, h2 = tb.hosts
         add_stack_counter(h2, "compressed-in-stack", 11)
-        add_stack_counter(h2, "restored-in-stack", 10)
+        add_stack_counter(h2, "restored-in-stack", restored_dscp)
         with running_nicd(h2, tmp_path) as d2:
             before = d2.counters()
-            r = h1.run([PY, PEER, "craft", "--dst", h2.ip, "--kinds", "wrap,fits", "--count", "4"],
+            r = h1.run([PY, PEER, "craft", "--dst", h2.ip, "--kinds", kinds, "--count", str(count)],
                        capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
             deadline = time.monotonic() + 5
-            while d2.counters()["ingress_packets"] - before["ingress_packets"] < 8 and time.monotonic() < deadline:
+            while d2.counters()["ingress_packets"] - before["ingress_packets"] < n and time.monotonic() < deadline:
                 time.sleep(0.1)
             delta = {k: v - before[k] for k, v in d2.counters().items()}
-        compressed_in_stack = stack_count(h2, "compressed-in-stack")
-        restored_in_stack = stack_count(h2, "restored-in-stack")
+        return delta, stack_count(h2, "compressed-in-stack"), stack_count(h2, "restored-in-stack")
+
+
+@needs_root
+def test_wrapping_restored_lengths_dropped_end_to_end(tmp_path):
+    delta, compressed_in_stack, restored_in_stack = crafted_to_a_daemon(tmp_path, "wrap,fits", 4, 10)
     assert delta["ingress_packets"] == 8, {k: v for k, v in delta.items() if v}
     assert delta["drop_too_big"] == 4 and delta["ingress_restored"] == 4, {k: v for k, v in delta.items() if v}
     assert delta["verdict_errors"] == 0

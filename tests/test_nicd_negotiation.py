@@ -240,13 +240,10 @@ def test_peers_with_other_settings_stay_raw(tmp_path, small, setting):
     assert c2["hello_received"] == 1 and c2["hello_mismatch"] == 1, hello_counts(c2)
 
 
-@needs_root
-def test_spoofed_synacks_do_not_negotiate(tmp_path, small):
-    """No nicd on the server. The client's real SYN-ACK is dropped on arrival; an attacker who
-    sees the handshake sends the client copies of it marked DSCP 12: one with our option echoing
-    the real nonce but ack = ISN + 1001, one with a wrong nonce, one with the mark only. The
-    stack completes the handshake on the second; the flow must stay raw."""
-    data = small[:200_000].tobytes()
+def spoofed_handshake(tmp_path, data: bytes, kinds: str, n: int, tos: int = 0x28) -> tuple[bytes, dict]:
+    """nicd on the client only. The client's real SYN-ACK is dropped on arrival; a spoofer on the
+    server sees the handshake and sends the client ``n`` copies of it (nicd_peer.py spoof-synack
+    --kinds). Returns what arrived and the client daemon's counters."""
     with make_testbed() as tb:
         h1, h2 = tb.hosts
         h1.run(["iptables", "-w", "5", "-t", "raw", "-I", "PREROUTING", "-i", h1.ifname, "-p", "tcp",
@@ -254,14 +251,14 @@ def test_spoofed_synacks_do_not_negotiate(tmp_path, small):
                 "--comment", "nt-drop-real-synack", "-j", "DROP"], check=True)
         with running_nicd(h1, tmp_path) as d1:
             t = None
-            spoofer = h2.popen([PY, PEER, "spoof-synack", "--iface", h2.ifname],
+            spoofer = h2.popen([PY, PEER, "spoof-synack", "--iface", h2.ifname, "--kinds", kinds],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
                 assert spoofer.stdout.readline().strip() == "sniffing", spoofer.stderr.read()
                 time.sleep(0.3)
-                t = Transfer(h1, h2, data, tmp_path)
+                t = Transfer(h1, h2, data, tmp_path, tos=tos)
                 out, err = spoofer.communicate(timeout=60)
-                assert spoofer.returncode == 0 and "spoofed 3" in out, err
+                assert spoofer.returncode == 0 and f"spoofed {n}" in out, err
                 got = t.finish()
             finally:
                 if t is not None:
@@ -271,6 +268,17 @@ def test_spoofed_synacks_do_not_negotiate(tmp_path, small):
             c1 = d1.counters()
         dropped = rule_counts(h1, "drop-real-synack", table="raw")[0]
     assert dropped >= 1, "the real SYN-ACK was not held back: nothing tested"
+    return got, c1
+
+
+@needs_root
+def test_spoofed_synacks_do_not_negotiate(tmp_path, small):
+    """No nicd on the server. The client's real SYN-ACK is dropped on arrival; an attacker who
+    sees the handshake sends the client copies of it marked DSCP 12: one with our option echoing
+    the real nonce but ack = ISN + 1001, one with a wrong nonce, one with the mark only. The
+    stack completes the handshake on the second; the flow must stay raw."""
+    data = small[:200_000].tobytes()
+    got, c1 = spoofed_handshake(tmp_path, data, "badack,badnonce,plain", 3)
     assert got == data
     assert_raw(c1)
     assert c1["hello_unmatched"] == 2 and c1["hello_without_option"] == 1, hello_counts(c1)

@@ -53,8 +53,11 @@ def test_compressed_checksum_is_wrong_by_the_mark_and_restores(small):
     zeroed[36:38] = b"\0\0"
     assert struct.pack("=H", lib.nicd_tcp_checksum(bytes(zeroed), r)) != wire[36:38]
     assert lib.nicd_marked_checksum(c) == 1 and lib.nicd_echo(c) == 0xABC
-    assert struct.unpack("!H", wire[ihl + 20:ihl + 22])[0] == rules.SHIM_START
-    assert rules.SHIM_START == (0x49 << 8) | (lib.NICD_VERSION << 4) | 1
+    assert struct.unpack("!H", wire[ihl + 20:ihl + 22])[0] & rules.SHIM_START_MASK == rules.SHIM_START
+    assert rules.SHIM_START == (0x49 << 8) | (lib.NICD_VERSION << 4) and rules.SHIM_LEN == lib.NICD_HDR_LEN
+    scaled = lib.nicd_compress_codec(p, 0, lib.NICD_CODEC_SCALED, -10, 0x2C, 0xABC, out, len(out), scratch, ffi.NULL)
+    assert scaled > 40 and struct.unpack("!H", bytes(ffi.buffer(out, scaled))[40:42])[0] & rules.SHIM_START_MASK \
+        == rules.SHIM_START   # the rule catches both codecs
     n = lib.nicd_restore(c, 0x28, back, len(back), scratch)
     assert n == len(pkt)
     q, keep3 = parsed(bytes(ffi.buffer(back, n)))

@@ -30,12 +30,14 @@ from inceptionn.cli import main
 from inceptionn.kernel_tc import netns as ns
 from inceptionn.shim.policy import PolicyError, parse_policy
 from inceptionn.shim.run import preload_library
+from inceptionn.shim.contract import TOS_SCALED
 from inceptionn.shim.tagging import GRADIENT_TOS, tag_socket
 
 PROGS = Path(__file__).resolve().parent / "shim_progs"
 NETNS = f"inc-{SESSION_TAG}-shim"
 V4, V6 = "198.18.0.1", "2001:2::1"     # benchmarking ranges (RFC 2544, RFC 5180), only on our lo
-DSCP = GRADIENT_TOS >> 2
+SHIM_TOS = TOS_SCALED  # the mark the shim puts on by default (raw gradients: the NIC scales them)
+DSCP = SHIM_TOS >> 2
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("iptables-restore"),
                                 reason="needs root and iptables (a network namespace with rules)")
@@ -174,7 +176,7 @@ def test_port_policy_tags_both_ends_in_range_only(shim_ns, probe, base_port):
     recs, _ = run_probe(shim_ns, probe, [f"{V4}:{inside}", f"{V4}:{outside}"],
                         policy=f"port={base_port}-{base_port + 49}", via_cli=True)
     got = by_port(recs)
-    assert [ds(got[inside][k]) for k in ("client_tos", "server_tos", "listener_tos")] == [0x28] * 3
+    assert [ds(got[inside][k]) for k in ("client_tos", "server_tos", "listener_tos")] == [SHIM_TOS] * 3
     assert [got[outside][k] for k in ("client_tos", "server_tos", "listener_tos")] == [0, 0, 0]
     counts = read_counters(shim_ns)
     assert_packets(counts, inside, "c2s", "all")     # the SYN too: tagged before connect()
@@ -190,8 +192,8 @@ def test_rport_tags_the_connecting_side_lport_the_listening_side(shim_ns, probe,
     recs, _ = run_probe(shim_ns, probe, [f"{V4}:{r_port}", f"{V4}:{l_port}"],
                         policy=f"rport={r_port},lport={l_port}", lib=lib)
     got = by_port(recs)
-    assert (ds(got[r_port]["client_tos"]), got[r_port]["server_tos"]) == (0x28, 0)
-    assert (got[l_port]["client_tos"], ds(got[l_port]["server_tos"])) == (0, 0x28)
+    assert (ds(got[r_port]["client_tos"]), got[r_port]["server_tos"]) == (SHIM_TOS, 0)
+    assert (got[l_port]["client_tos"], ds(got[l_port]["server_tos"])) == (0, SHIM_TOS)
     counts = read_counters(shim_ns)
     assert_packets(counts, r_port, "c2s", "all")
     assert_packets(counts, r_port, "s2c", "none")
@@ -210,7 +212,7 @@ def test_net_policy_ipv4_ipv6_and_mapped(shim_ns, probe, lib, base_port):
                         policy="net=198.18.0.0/24,net=2001:2::/64", lib=lib)
     got = by_port(recs)
     for port in (p4, p6, mapped):   # peer in the network: both ends (the accepted one after accept())
-        assert (ds(got[port]["client_tos"]), ds(got[port]["server_tos"])) == (0x28, 0x28), got[port]
+        assert (ds(got[port]["client_tos"]), ds(got[port]["server_tos"])) == (SHIM_TOS, SHIM_TOS), got[port]
     for port in (p4_out, p6_out):
         assert (got[port]["client_tos"], got[port]["server_tos"]) == (0, 0), got[port]
     c4, c6 = read_counters(shim_ns), read_counters(shim_ns, v6=True)
@@ -229,7 +231,7 @@ def test_all_tags_tcp_and_never_udp_or_unix(shim_ns, probe, lib, base_port):
     install_counters(shim_ns, [tcp], [udp])
     recs, _ = run_probe(shim_ns, probe, ["--udp", f"{V4}:{udp}", "--unix", f"{V4}:{tcp}"], policy="all", lib=lib)
     got = by_port(recs)
-    assert ds(got[tcp]["client_tos"]) == ds(got[tcp]["server_tos"]) == 0x28
+    assert ds(got[tcp]["client_tos"]) == ds(got[tcp]["server_tos"]) == SHIM_TOS
     assert [r["tos"] for r in recs if r["kind"] == "udp"] == [0]
     assert [r["ok"] for r in recs if r["kind"] == "unix"] == [True]
     counts = read_counters(shim_ns)
@@ -240,8 +242,8 @@ def test_all_tags_tcp_and_never_udp_or_unix(shim_ns, probe, lib, base_port):
 
 @needs_root
 @pytest.mark.parametrize("policy_opts,flag,want,packets", [
-    ("", "--settos-after", 0x28, "all"),                   # keep: the program's IP_TOS is ignored
-    ("", "--settos-before", 0x28, "all"),                  # keep: the policy wins over an earlier one
+    ("", "--settos-after", SHIM_TOS, "all"),                   # keep: the program's IP_TOS is ignored
+    ("", "--settos-before", SHIM_TOS, "all"),                  # keep: the policy wins over an earlier one
     (",override=allow", "--settos-after", 0x10, "none-data"),  # allow: the program's value wins
     (",override=allow", "--settos-before", 0x10, "none"),  # allow: a ToS set before is left alone
 ], ids=["keep-after", "keep-before", "allow-after", "allow-before"])
@@ -270,7 +272,7 @@ def test_explicit_call(shim_ns, probe, lib, base_port):
     install_counters(shim_ns, [port, bare])
     recs, _ = run_probe(shim_ns, probe, ["--explicit", f"{V4}:{port}"], policy="none", lib=lib)
     assert recs[0] == {"kind": "explicit", "found": True}
-    assert (ds(by_port(recs)[port]["client_tos"]), by_port(recs)[port]["server_tos"]) == (0x28, 0)
+    assert (ds(by_port(recs)[port]["client_tos"]), by_port(recs)[port]["server_tos"]) == (SHIM_TOS, 0)
     # without the library the program still runs, and nothing is tagged
     recs, _ = run_probe(shim_ns, probe, ["--explicit", f"{V4}:{bare}"])
     assert recs[0] == {"kind": "explicit", "found": False}
@@ -323,11 +325,11 @@ def test_log_lists_what_was_tagged(shim_ns, c_probe, lib, base_port, tmp_path):
     policy = f"port={base_port}-{base_port + 49}"
     _, err = run_probe(shim_ns, [c_probe], [f"{V4}:{inside}", f"{V4}:{outside}"], policy=policy, lib=lib, log="1")
     lines = err.splitlines()
-    assert len(lines) == 3 and all(re.match(r"inceptionn-tag\[\d+\]: tagged fd \d+ tos 0x28 \(", ln) for ln in lines), err
+    assert len(lines) == 3 and all(re.match(r"inceptionn-tag\[\d+\]: tagged fd \d+ tos 0x24 \(", ln) for ln in lines), err
     assert [ln.split("(")[1].split()[0] for ln in lines] == ["listen", "connect", "accept"]
     assert all(f":{inside}" in ln or f"port {inside}" in ln for ln in lines)
     _, err = run_probe(shim_ns, [c_probe], [f"{V4}:{inside}", f"{V4}:{outside}"], policy=policy, lib=lib, log="2")
-    assert f"policy {policy},tos=0x28,override=keep" in err
+    assert f"policy {policy},tos=0x24,override=keep" in err
     assert err.count("untagged fd") == 3 and err.count(": tagged fd") == 3
     logfile = tmp_path / "tag.log"
     _, err = run_probe(shim_ns, [c_probe], [f"{V4}:{inside}"], policy=policy, lib=lib, log=str(logfile))
@@ -358,13 +360,13 @@ BAD_POLICIES = [
 ]
 WIRE_MARKS = BAD_POLICIES[-3:-1]
 GOOD_POLICIES = [
-    ("all", "all,tos=0x28,override=keep"),
-    ("none", "none,tos=0x28,override=keep"),
-    (" port=23000-23099 ", "port=23000-23099,tos=0x28,override=keep"),
-    ("rport=5000,lport=6000-6001,net=198.18.0.0/24", "rport=5000,lport=6000-6001,net=198.18.0.0/24,tos=0x28,override=keep"),
+    ("all", "all,tos=0x24,override=keep"),
+    ("none", "none,tos=0x24,override=keep"),
+    (" port=23000-23099 ", "port=23000-23099,tos=0x24,override=keep"),
+    ("rport=5000,lport=6000-6001,net=198.18.0.0/24", "rport=5000,lport=6000-6001,net=198.18.0.0/24,tos=0x24,override=keep"),
     ("net=2001:0002:0:0::/48,tos=56,override=allow", "net=2001:2::/48,tos=0x38,override=allow"),
-    ("net=::ffff:198.18.0.0/120", "net=::ffff:198.18.0.0/120,tos=0x28,override=keep"),
-    ("net=198.18.0.7", "net=198.18.0.7/32,tos=0x28,override=keep"),
+    ("net=::ffff:198.18.0.0/120", "net=::ffff:198.18.0.0/120,tos=0x24,override=keep"),
+    ("net=198.18.0.7", "net=198.18.0.7/32,tos=0x24,override=keep"),
 ]
 
 
@@ -480,7 +482,7 @@ def test_library_refuses_a_symlinked_log_file(lib, tmp_path):
     real = tmp_path / "real.log"  # a plain file still works
     env["INCEPTIONN_TAG_LOG"] = f"2:{real}"
     r = subprocess.run(["sh", "-c", "echo main ran"], env=env, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and "policy all,tos=0x28,override=keep" in real.read_text()
+    assert r.returncode == 0 and "policy all,tos=0x24,override=keep" in real.read_text()
 
 
 SYSTEM_LIB = Path("/usr/lib/x86_64-linux-gnu/libz.so.1")
@@ -517,7 +519,7 @@ def test_setuid_program_ignores_policy_and_log_path(shim_ns, c_probe, lib, base_
     assert recs[0] == {"kind": "explicit", "found": True}
     rec = by_port(recs)[port]
     if setuid:  # explicit call: the default mark; the policy's listen/accept tagging: none; no log
-        assert (ds(rec["client_tos"]), rec["server_tos"]) == (0x28, 0)
+        assert (ds(rec["client_tos"]), rec["server_tos"]) == (SHIM_TOS, 0)
         assert not logfile.exists()
     else:
         assert (ds(rec["client_tos"]), ds(rec["server_tos"])) == (0x38, 0x38)
@@ -559,10 +561,10 @@ def test_cli_errors_through_the_console_script(monkeypatch):
 def test_cli_passes_exit_status_and_environment(lib):
     r = run_cli("run", "--tag", "port=5000", "--", "sh", "-c", 'echo "$LD_PRELOAD|$INCEPTIONN_TAG"; exit 7')
     assert r.returncode == 7
-    assert r.stdout.strip() == f"{lib}|port=5000,tos=0x28,override=keep"
+    assert r.stdout.strip() == f"{lib}|port=5000,tos=0x24,override=keep"
     r = run_cli("run", "--tag", "port=5000", "--log", "2", "--print-env")
     assert r.returncode == 0
-    assert r.stdout.splitlines() == [f"export LD_PRELOAD={lib}", "export INCEPTIONN_TAG=port=5000,tos=0x28,override=keep",
+    assert r.stdout.splitlines() == [f"export LD_PRELOAD={lib}", "export INCEPTIONN_TAG=port=5000,tos=0x24,override=keep",
                                      "export INCEPTIONN_TAG_LOG=2"]
 
 

@@ -5,7 +5,7 @@ overlay of this machine's root file system), each inside one host of a two-host 
 `make install-service` installs /opt/inceptionn from the wheelhouse (the containers cannot reach
 PyPI), then systemctl drives the unit: start, reload (SIGHUP), a crash and its restart, stop;
 the netfilter rules are read from the host's namespace. Between the two, a tagged job crosses the
-wire compressed and arrives as the codec's reconstruction. Last, `make install-service` again
+wire compressed and arrives as the scaled codec's reconstruction (the shim's default mark). Last, `make install-service` again
 over the running service, and `make uninstall-service`.
 
 Every guide command the test runs is first checked to appear verbatim in docs/deploy.md.
@@ -29,7 +29,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nspawn  # noqa: E402
-from test_nicd import assert_words_equal, recon  # noqa: E402
+from test_nicd import recon  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = (ROOT / "docs" / "deploy.md").read_text()
@@ -208,7 +208,7 @@ def test_installed_unit_security_score(sites):
     assert score <= 3.0
 
 
-def test_two_hosts_tagged_job_compressed_and_exact(sites):
+def test_two_hosts_tagged_job_compressed_and_restored(sites):
     """Steps 3 to 5 of the guide: both services up, B receives, A sends, through the shim."""
     (a, b) = sites
     for s in sites:
@@ -254,9 +254,14 @@ def test_two_hosts_tagged_job_compressed_and_exact(sites):
     assert sa["egress_orig_bytes"] > 0.9 * sent.nbytes  # (nearly) all of it went compressed
     assert sb["ingress_orig_bytes"] == sa["egress_orig_bytes"]
     assert sa["egress_wire_bytes"] < sa["egress_orig_bytes"]
-    want = recon(sent, -10)
-    assert not np.array_equal(want, sent), "the codec should be lossy on these values"  # so equal means restored
-    assert_words_equal(got, want.tobytes(), "A -> B through both services")
+    # the shim's default mark: codec 2, one power of two per super-packet (where those are cut
+    # depends on timing), so each value is within 2^-6 of the largest sent, and lossy
+    y = np.frombuffer(got, np.float32)
+    assert y.size == sent.size and not np.array_equal(y, sent), "lossy codec: equal means never compressed"
+    err = np.abs(y.astype(np.float64) - sent)
+    assert err.max() <= 2.0 ** -6 * np.abs(sent).max(), err.max()
+    assert np.sum(err ** 2) / np.sum(sent.astype(np.float64) ** 2) < 0.01
+    assert not np.array_equal(y, recon(sent, -10)), "the paper's codec: the mark did not pick codec 2"
     for key in ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big"):
         assert sb[key] == 0, (key, sb)
 

@@ -72,6 +72,7 @@ def _add_arguments(p) -> None:
     p.add_argument("--algo", choices=["wa", "inc"], default="inc", help="inc: the INCEPTIONN ring (default); wa: worker-aggregator")
     p.add_argument("--compress", default="none", metavar="HOW",
                    help=f"none (default), nic (the soft NIC on every host, INCEPTIONN codec at --error-bound), "
+                   f"nic-scaled (the soft NIC's per-packet scaled codec: the workers send raw values), "
                    f"or a codec name to compress in the application: {_codec_choices()}")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the shuffling (default 0)")
     p.set_defaults(func=run)

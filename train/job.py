@@ -78,14 +78,14 @@ class TrainConfig:
         base = self.algo.upper()
         if not self.compressed:
             return base
-        name = f"{base}+C" if self.compress == "nic" else f"{base}+{self.compress}"
+        name = {"nic": f"{base}+C", "nic-scaled": f"{base}+C scaled"}.get(self.compress, f"{base}+{self.compress}")
         off = [w for w, on in (("scaling", self.scaling), ("EF", self.error_feedback)) if on is False]
         return name + (f" (no {', no '.join(off)})" if off else "")
 
     def check(self) -> None:
         if self.algo not in ALGOS:
             raise UserError(f"unknown algorithm {self.algo!r}; choose wa or inc")
-        if self.compress not in ("none", "nic"):
+        if self.compress not in ("none", "nic", "nic-scaled"):
             from ..codecs import available_codecs
 
             if self.compress not in available_codecs():
@@ -228,7 +228,7 @@ class TrainingTestbed:
         started = time.monotonic()
         with ExitStack() as stack:
             daemons = []
-            if cfg.compress == "nic":
+            if cfg.compress in ("nic", "nic-scaled"):
                 on_event(cfg, {"event": "status", "message": f"starting the soft NIC on {len(hosts)} hosts"})
                 for h in hosts:
                     sock = os.path.join(rundir, f"{h.name}.sock")

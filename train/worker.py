@@ -67,14 +67,48 @@ def iterations_per_epoch(n_train: int, world: int, batch: int, max_iters: int | 
     return min(n, max_iters) if max_iters else n
 
 
+def passthrough_codec():
+    """compress='nic-scaled': the collective sends its values as they are (no quantising, no
+    scaling, no error feedback) on sockets with the scaled mark; each soft NIC scales every packet
+    by a power of two of its own (codec 2, docs/wire-format.md) and nobody predicts the decode,
+    so the replicas are close but not bit-identical. The collective's "nic" path with a codec
+    whose reconstruction is the identity: what an unmodified sender of raw gradients does."""
+    import numpy as np
+
+    from inceptionn.codecs.base import Codec
+
+    class InTheNic(Codec):
+        name = "scaled in the soft NIC"
+        per_value = True
+        thread_safe = True
+
+        def encode(self, x):
+            return np.ascontiguousarray(x, np.float32).tobytes()
+
+        def decode_into(self, blob, out):
+            out[:] = np.frombuffer(blob, np.float32, out.size)
+            return out
+
+        def reconstruct(self, x, out=None):
+            if out is not None and out is not x:
+                out[:] = x
+                return out
+            return x
+
+    return InTheNic()
+
+
 def make_codec(cfg: dict):
     """(mode for the collective, codec): ``nic`` needs the daemons' codec (the sender computes
-    what its receiver will decode), ``app`` runs the named codec inside the collective."""
+    what its receiver will decode), ``app`` runs the named codec inside the collective;
+    ``nic-scaled`` leaves the values to the soft NICs' per-packet scaled codec."""
     compress = cfg["compress"]
     if compress == "none":
         return None, None
     from inceptionn.codecs import applicable, get_codec
 
+    if compress == "nic-scaled":
+        return "nic", passthrough_codec()
     if compress == "nic":
         return "nic", get_codec("inceptionn", error_bound=cfg["error_bound"])
     return "app", get_codec(compress, **applicable(compress, error_bound=cfg["error_bound"]))
@@ -85,8 +119,12 @@ def make_group(cfg: dict, mode, codec):
     testbed host sees (they share the machine's filesystem)."""
     from inceptionn.collective import FileStore, Group
 
+    from inceptionn.shim.contract import TOS_SCALED, TOS_TAGGED
+
     store = FileStore(cfg["store"], timeout=cfg.get("rendezvous_timeout", 120.0))
+    scaled = cfg["compress"] == "nic-scaled"  # the NICs' decode is not predicted: replicas differ a little
     return Group(cfg["rank"], cfg["world"], store, bind_addr=cfg["bind_addr"], tag=mode == "nic",
+                 tos=TOS_SCALED if scaled else TOS_TAGGED, verify="never" if scaled else "first",
                  codec=codec, compress=mode, timeout=cfg.get("timeout", 300.0))
 
 

@@ -8,7 +8,9 @@
  * CRC32C and a TCP checksum marked as a soft NIC's first, so mutations reach the header checks and the decoder instead of
  * stopping at the integrity checks. The hello option: whatever option list arrives is searched
  * (and a found option removed again); inserting our option into any parsed packet and removing
- * it must give back the same bytes.
+ * it must give back the same bytes. Both codecs: 1 (the paper's) and 2 (scaled by 2^x per packet,
+ * x in header byte 10): a codec-2 packet must carry an exponent in range and restore every
+ * infinity and NaN of the original bit for bit; the receiver refuses any other exponent.
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
 #include "inceptionn_contract.h"
@@ -24,15 +26,15 @@ static uint8_t segs[NICD_MAX_PACKET + 64 * 128], stream[2048 * 34];
 /* The GSO path: a parsed packet taken as a super-packet, cut for a few MTUs. Every packet must
  * fit the MTU, be smaller than the range it covers, and restore to exactly that range's length
  * at exactly that range's seq; the ranges must cover the payload once, in order. */
-static void check_gso(const struct nicd_pkt *p, uint32_t off)
+static void check_gso(const struct nicd_pkt *p, uint32_t off, int codec)
 {
     static const size_t mtus[] = {90, 576, 1500, 9000};
     size_t len[64];
     for (size_t m = 0; m < sizeof mtus / sizeof *mtus; m++) {
         int n = 0;
         uint16_t echo = (uint16_t)((p->seq ^ mtus[m]) & NICD_ECHO_MASK);
-        ptrdiff_t r = nicd_compress_gso(p, off, -10, 0x2C, echo, mtus[m], segs, sizeof segs, len, &n, 64,
-                                        scratch, stream, sizeof stream, NULL);
+        ptrdiff_t r = nicd_compress_gso_codec(p, off, codec, -10, 0x2C, echo, mtus[m], segs, sizeof segs, len, &n,
+                                              64, scratch, stream, sizeof stream, NULL);
         if (r <= (ptrdiff_t)NICD_TOO_SHORT)
             continue;
         size_t at = 0, covered = 0;
@@ -41,6 +43,9 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off)
             if (len[i] > mtus[m] || nicd_parse(segs + at, len[i], &c) != NICD_OK || c.seq != (uint32_t)(p->seq + covered) ||
                 !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
                 abort();
+            /* one exponent per super-packet: every packet cut from it carries the first one's */
+            if (nicd_codec_of(&c) != codec || segs[at + c.payload_off + NICD_SCALE_AT] != segs[c.payload_off + NICD_SCALE_AT])
+                abort();
             ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
             if (b <= 0 || c.payload_len >= (size_t)b - c.payload_off)
                 abort(); /* restores, and was smaller than what it covers */
@@ -48,6 +53,24 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off)
             at += len[i];
         }
         if (covered != p->payload_len || at != (size_t)r)
+            abort();
+    }
+}
+
+/* Codec 2's promise: a restored packet has the original's infinities and NaNs, bit for bit, at
+ * the same places (the whole floats after `head`), and finite values stay finite. */
+static void check_specials(const struct nicd_pkt *p, uint32_t off, const uint8_t *restored)
+{
+    size_t head = (4 - (off & 3)) & 3;
+    if (head > p->payload_len)
+        return;
+    const uint8_t *a = p->ip + p->payload_off + head, *b = restored + p->payload_off + head;
+    for (size_t i = 0; i + 4 <= p->payload_len - head; i += 4) {
+        uint32_t x, y;
+        memcpy(&x, a + i, 4);
+        memcpy(&y, b + i, 4);
+        int special = (x & 0x7F800000u) == 0x7F800000u;
+        if (special ? x != y : (y & 0x7F800000u) == 0x7F800000u)
             abort();
     }
 }
@@ -115,19 +138,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!nicd_marked_checksum(&p))
             abort();
         nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
-        check_gso(&p, (uint32_t)size & 3);
-        for (uint32_t off = 0; off < 4; off++) {
-            uint16_t echo = (uint16_t)((p.ack + off) & NICD_ECHO_MASK);
-            ptrdiff_t r = nicd_compress(&p, off, -10, 0x2C, echo, out, sizeof out, scratch, NULL);
-            if (r > (ptrdiff_t)NICD_TOO_SHORT) {
-                if ((size_t)r >= p.len)
-                    abort(); /* never bigger */
-                struct nicd_pkt c;
-                if (nicd_parse(out, (size_t)r, &c) != NICD_OK || !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
-                    abort();
-                ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
-                if (b != (ptrdiff_t)p.len)
-                    abort(); /* what we compress must restore to the original length */
+        for (int codec = NICD_CODEC_INCEPTIONN; codec <= NICD_CODEC_SCALED; codec++) {
+            check_gso(&p, (uint32_t)size & 3, codec);
+            for (uint32_t off = 0; off < 4; off++) {
+                uint16_t echo = (uint16_t)((p.ack + off) & NICD_ECHO_MASK);
+                ptrdiff_t r = nicd_compress_codec(&p, off, codec, -10, 0x2C, echo, out, sizeof out, scratch, NULL);
+                if (r > (ptrdiff_t)NICD_TOO_SHORT) {
+                    if ((size_t)r >= p.len)
+                        abort(); /* never bigger */
+                    struct nicd_pkt c;
+                    if (nicd_parse(out, (size_t)r, &c) != NICD_OK || nicd_codec_of(&c) != codec ||
+                        !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
+                        abort();
+                    int8_t x = (int8_t)out[c.payload_off + NICD_SCALE_AT];
+                    if (codec == NICD_CODEC_INCEPTIONN ? x != 0 : (x < -NICD_SCALE_MAX || x > NICD_SCALE_MAX))
+                        abort();
+                    ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
+                    if (b != (ptrdiff_t)p.len)
+                        abort(); /* what we compress must restore to the original length */
+                    if (codec == NICD_CODEC_SCALED)
+                        check_specials(&p, off, back);
+                }
             }
         }
     }
