@@ -35,6 +35,7 @@ struct nicd_hello {
     uint8_t agree;    /* the peer's settings equal ours (PEER, ANSWERED) */
     uint32_t isn;     /* our ISN (SENT, ANSWERED) */
     uint32_t peer_isn; /* the peer's ISN (PEER, ANSWERED) */
+    uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
     uint8_t nonce[NICD_NONCE_LEN];
 };
 
@@ -43,12 +44,39 @@ struct nicd_hello {
 int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s);
 void nicd_flows_free(void);
 
-/* Record a negotiated flow and our ISN (replacing an older entry of the key). Returns 0, or -1
- * when the table is full (the flow then simply stays raw). */
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn);
+/* Record a negotiated flow, our ISN and the MSS the peer advertised in its handshake (what its
+ * segments toward it may carry; 0 if its SYN had no MSS option), replacing an older entry of the
+ * key. Returns 0, or -1 when the table is full (the flow then simply stays raw). */
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint16_t peer_mss);
 
-/* 1 and *isn if the flow is negotiated (and not idle past the timeout; refreshes its clock). */
-int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn);
+/* A negotiated flow gives up compressing (NICD_FLOW_GIVE_UP) when its compressed packets do not
+ * get through, seen as TCP sending the same data again: the same range sent NICD_RETX_LIMIT
+ * times (a middlebox that drops the ACKs or the packets every time), or more than half of the
+ * data retransmitted once NICD_RETX_BYTES were (one that drops most of them: TCP's one-MSS
+ * retransmissions get through, in place, and the flow only crawls). Random loss retransmits a
+ * few percent. */
+#define NICD_RETX_LIMIT 4
+#define NICD_RETX_BYTES (128u * 1024)
+
+enum nicd_flow_state {
+    NICD_FLOW_NONE = 0, /* not negotiated (or idle past the timeout): raw */
+    NICD_FLOW_COMPRESS, /* negotiated: compress */
+    NICD_FLOW_RAW,      /* negotiated, but its compressed packets did not get through: raw */
+    NICD_FLOW_GIVE_UP,  /* this very range makes it RAW (returned once per flow) */
+};
+
+struct nicd_flow_info {
+    uint32_t isn;       /* our ISN */
+    uint16_t peer_mss;  /* the MSS the peer advertised */
+    uint32_t high;      /* GIVE_UP: the end of the furthest range sent, */
+    uint8_t high_byte;  /* and the original byte just before it */
+};
+
+/* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte. Returns the
+ * flow's state and fills *fi. Refreshes the flow's clock and watches its retransmissions (a range
+ * that ends no further than what was sent before) for the give-up above. */
+enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
+                                       struct nicd_flow_info *fi);
 
 /* Forget a negotiated flow: our own stack opens or accepts this 4-tuple anew. */
 void nicd_flows_forget(const struct nicd_flow_key *k);

@@ -88,6 +88,7 @@ struct ctx {
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
     int udp_fd; /* unsent-to, connected only to look up a destination's path MTU */
     struct path_mtu mtus[MTU_CACHE];
+    int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -162,6 +163,26 @@ static int fetch(struct nfq_data *nfa, uint32_t *id, unsigned char **buf)
     struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
     *id = ph ? ntohl(ph->packet_id) : 0;
     return nfq_get_payload(nfa, buf);
+}
+
+/* The MSS option of a SYN or SYN-ACK: what the peer's segments toward it may carry (as any
+ * clamp on the path left it). 536 without one, as TCP assumes (RFC 9293). */
+static uint16_t mss_option(const struct nicd_pkt *p)
+{
+    const uint8_t *t = p->ip + p->ihl;
+    size_t i = 20;
+    while (i < p->thl && t[i] != 0) {
+        if (t[i] == 1) { /* NOP */
+            i++;
+            continue;
+        }
+        if (i + 2 > p->thl || t[i + 1] < 2 || i + t[i + 1] > p->thl)
+            break;
+        if (t[i] == 2 && t[i + 1] == 4)
+            return (uint16_t)((unsigned)t[i + 2] << 8 | t[i + 3]);
+        i += t[i + 1];
+    }
+    return 536;
 }
 
 /* Our settings as the hello option says them. */
@@ -264,46 +285,90 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int f
     return mtu;
 }
 
+/* What the route lookup of the raw socket's packets gets from the original: the interface it
+ * was leaving by, its mark, its protocol and its ToS. */
+struct route_ctx {
+    uint32_t ifindex, mark;
+    uint8_t tos;
+};
+
+/* The control messages that give the raw socket's route lookup the original's inputs:
+ * IP_PKTINFO pins the interface; SO_MARK (an `ip rule fwmark`, or a socket's SO_MARK), IP_TOS
+ * (`ip rule tos`) and IP_PROTOCOL (`ip rule ipproto`, IPsec selectors by protocol: a header-
+ * included raw socket is otherwise looked up as protocol 255) are the original's. Returns the
+ * length written to b. */
+static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, uint8_t *b, size_t cap)
+{
+    struct msghdr mh = {.msg_control = b, .msg_controllen = cap};
+    memset(b, 0, cap);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    size_t len = 0;
+    if (rc->ifindex) {
+        struct in_pktinfo info = {.ipi_ifindex = (int)rc->ifindex};
+        *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof info), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_PKTINFO};
+        memcpy(CMSG_DATA(c), &info, sizeof info);
+        len += CMSG_SPACE(sizeof info), c = CMSG_NXTHDR(&mh, c);
+    }
+    *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof rc->mark), .cmsg_level = SOL_SOCKET, .cmsg_type = SO_MARK};
+    memcpy(CMSG_DATA(c), &rc->mark, sizeof rc->mark);
+    len += CMSG_SPACE(sizeof rc->mark), c = CMSG_NXTHDR(&mh, c);
+    int tos = rc->tos;
+    *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof tos), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_TOS};
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+    len += CMSG_SPACE(sizeof tos), c = CMSG_NXTHDR(&mh, c);
+    if (!cx->no_proto_cmsg) {
+        int proto = IPPROTO_TCP;
+        *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof proto), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_PROTOCOL};
+        memcpy(CMSG_DATA(c), &proto, sizeof proto);
+        len += CMSG_SPACE(sizeof proto);
+    }
+    return len;
+}
+
 /* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
- * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
- * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
- * the tagged mark. One the kernel does not take is lost: TCP retransmits its range. The packets
- * the kernel took are counted here (compressed, wire bytes without headers of hdr_len), so the
- * counters match what the receiver can restore. Returns how many were refused for their size
- * (EMSGSIZE: the path MTU fell since it was cached), which the caller counts or sends again;
- * other refusals are counted here. */
-static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs, size_t hdr_len)
+ * the interface the super-packet was leaving by, with its routing inputs (route_cmsgs), past the
+ * egress rules, which catch only the tagged mark. One the kernel does not take, or its qdisc
+ * drops (IP_RECVERR makes the raw socket say ENOBUFS then), is lost: TCP retransmits its range.
+ * The packets the kernel took are counted here (compressed, wire bytes without headers of
+ * hdr_len), so the counters match what the receiver can restore. Returns how many were refused
+ * for their size (EMSGSIZE: the path MTU fell since it was cached), which the caller counts or
+ * sends again; other refusals are counted here. */
+static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx *rc, int nsegs, size_t hdr_len)
 {
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
     union {
         struct cmsghdr h;
-        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo))];
-    } ctl = {.h = {.cmsg_len = CMSG_LEN(sizeof(struct in_pktinfo)), .cmsg_level = IPPROTO_IP,
-                   .cmsg_type = IP_PKTINFO}};
-    struct in_pktinfo info = {.ipi_ifindex = (int)ifindex};
-    memcpy(CMSG_DATA(&ctl.h), &info, sizeof info);
+        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
+    } ctl;
+    size_t ctl_len = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b);
     struct mmsghdr mm[GSO_MAX_SEGS];
     struct iovec iov[GSO_MAX_SEGS];
     size_t at = 0;
     for (int i = 0; i < nsegs; i++) {
         iov[i] = (struct iovec){cx->segs + at, cx->seg_len[i]};
         mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
-                                             .msg_iov = &iov[i], .msg_iovlen = 1}};
-        if (ifindex)
-            mm[i].msg_hdr.msg_control = ctl.b, mm[i].msg_hdr.msg_controllen = sizeof ctl.b;
+                                             .msg_iov = &iov[i], .msg_iovlen = 1,
+                                             .msg_control = ctl.b, .msg_controllen = ctl_len}};
         at += cx->seg_len[i];
     }
-    int sent = 0, too_big = 0;
+    int sent = 0, too_big = 0, failed = 0;
     while (sent < nsegs) {
         int r = sendmmsg(cx->raw_fd, mm + sent, (unsigned)(nsegs - sent), 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) { /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
+        if (r < 0 && errno == EINVAL && !cx->no_proto_cmsg) { /* a kernel without IP_PROTOCOL */
+            cx->no_proto_cmsg = 1;
+            ctl_len = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b);
+            for (int i = 0; i < nsegs; i++)
+                mm[i].msg_hdr.msg_controllen = ctl_len;
+            continue;
+        }
+        if (r <= 0) { /* ENOBUFS (a qdisc drop) and the like: skip one packet, TCP retransmits it */
             if (r < 0 && errno == EMSGSIZE)
                 too_big++;
             else
                 cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
-            sent++;
+            sent++, failed = 1;
             continue;
         }
         for (int i = sent; i < sent + r; i++) {
@@ -312,7 +377,28 @@ static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int n
         }
         sent += r;
     }
+    if (failed) { /* IP_RECVERR queued a copy of each local error: nobody reads them */
+        uint8_t junk[64];
+        struct iovec jv = {junk, sizeof junk};
+        struct msghdr jm = {.msg_iov = &jv, .msg_iovlen = 1};
+        while (recvmsg(cx->raw_fd, &jm, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0)
+            jm.msg_flags = 0;
+    }
     return too_big;
+}
+
+/* One packet through the raw socket, as send_segments sends them (not counted). */
+static int send_one(struct ctx *cx, const uint8_t *buf, size_t len, uint32_t daddr, const struct route_ctx *rc)
+{
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
+    union {
+        struct cmsghdr h;
+        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr mh = {.msg_name = &to, .msg_namelen = sizeof to, .msg_iov = &iov, .msg_iovlen = 1,
+                        .msg_control = ctl.b, .msg_controllen = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b)};
+    return sendmsg(cx->raw_fd, &mh, 0) < 0 ? -1 : 0;
 }
 
 /* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
@@ -329,7 +415,7 @@ static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn,
  * that fit the MTU, sent through the raw socket, the original dropped. One that does not
  * compress leaves unchanged: the kernel segments it after the hook, as it would without us. */
 static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
-                      size_t mtu, uint32_t ifindex, struct ctx *cx)
+                      size_t mtu, size_t mss_len, const struct route_ctx *rc, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs;
@@ -343,13 +429,14 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    int too_big = send_segments(cx, p->daddr, ifindex, nsegs, p->payload_off);
+    int too_big = send_segments(cx, p->daddr, rc, nsegs, p->payload_off);
     if (too_big) {
         /* Refused for their size: the path MTU fell within the cached second. Look it up now and
          * send the whole super-packet again, cut to it: the ranges already out arrive twice,
          * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries).
          * Only what is then still refused counts as a send error: nothing else is lost. */
-        size_t fresh = egress_mtu(cx, ifindex, p->daddr, 1);
+        size_t fresh = egress_mtu(cx, rc->ifindex, p->daddr, 1);
+        fresh = fresh < mss_len ? fresh : mss_len;
         uint64_t t2[4] = {0, 0, 0, 0};
         int n2;
         ptrdiff_t r2 = fresh < mtu ? cut_gso(cx, p, isn, fresh, &n2, t2) : NICD_NOT_SMALLER;
@@ -359,7 +446,7 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
             COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
             return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
         }
-        too_big = send_segments(cx, p->daddr, ifindex, n2, p->payload_off);
+        too_big = send_segments(cx, p->daddr, rc, n2, p->payload_off);
         memcpy(tiers, t2, sizeof tiers);
     }
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
@@ -370,6 +457,54 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
     COUNT(cx, TIER16, tiers[2]);
     COUNT(cx, TIER32, tiers[3]);
     return verdict(qh, id, NF_DROP, NULL, 0, cx);
+}
+
+/* A flow gives up compressing (nicd_flows_egress): logged once; this packet and all after it
+ * leave raw. A stateful middlebox that tracked the compressed lengths (conntrack: seq + payload
+ * length) still holds the flow's end short of what the peer received and acknowledges, and drops
+ * those ACKs as acknowledging data it never saw; TCP resends only from its oldest unacknowledged
+ * byte, so that end would never move. So the last original byte sent compressed goes out raw
+ * once more, alone in a segment at its place (the peer already has it, or takes the true byte):
+ * the middlebox then has seen the whole range, and the peer's ACK passes. */
+static int give_up(struct nfq_q_handle *qh, uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
+                   const struct nicd_flow_info *fi, const struct route_ctx *rc, struct ctx *cx)
+{
+    char a[INET_ADDRSTRLEN] = "?", b[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &p->saddr, a, sizeof a);
+    inet_ntop(AF_INET, &p->daddr, b, sizeof b);
+    fprintf(stderr, "nicd WARNING: flow %s:%u -> %s:%u: its compressed packets do not get through (TCP sends "
+            "the same data again and again, now seq %u); sending this flow raw from now on\n", a, p->sport, b,
+            p->dport, p->seq);
+    fflush(stderr);
+    COUNT(cx, FLOWS_FELL_BACK, 1);
+    COUNT(cx, EGRESS_RAW_FELL_BACK, 1);
+    COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+
+    uint8_t *probe = cx->segs; /* free between super-packets */
+    memcpy(probe, p->ip, p->payload_off);
+    probe[p->payload_off] = fi->high_byte;
+    size_t len = p->payload_off + 1;
+    probe[2] = (uint8_t)(len >> 8), probe[3] = (uint8_t)len;
+    uint8_t *t = probe + p->ihl;
+    uint32_t seq = fi->high - 1;
+    t[4] = (uint8_t)(seq >> 24), t[5] = (uint8_t)(seq >> 16), t[6] = (uint8_t)(seq >> 8), t[7] = (uint8_t)seq;
+    t[13] &= TCP_ACK; /* a plain data segment: no FIN, PSH, URG, CWR, ECE */
+    t[16] = t[17] = 0;
+    uint16_t c = nicd_tcp_checksum(probe, len);
+    memcpy(t + 16, &c, 2);
+    nicd_set_tos(probe, p->tos);
+    if (cx->raw_fd >= 0) {
+        verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        flush(cx);
+        if (send_one(cx, probe, len, p->daddr, rc) < 0)
+            COUNT(cx, GSO_SEND_ERRORS, 1);
+        return 0;
+    }
+    if (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) /* never a rewritten GSO skb (see on_egress) */
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    /* no raw socket: the byte takes this packet's place; TCP resends the packet, raw */
+    memcpy(OUT(cx), probe, len);
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), len, cx);
 }
 
 /* Egress: handshakes, then compression of tagged data on negotiated flows. */
@@ -396,9 +531,19 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if (!dscp_is(p.tos, cx->cfg->tos_tagged) || p.payload_len == 0)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
-    uint32_t isn;
-    if (!nicd_flows_negotiated(&k, &isn)) {
-        COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
+    struct nicd_flow_info fi;
+    enum nicd_flow_state fs = nicd_flows_egress(&k, p.seq, (uint32_t)p.payload_len,
+                                                p.ip[p.payload_off + p.payload_len - 1], &fi);
+    uint32_t isn = fi.isn;
+    /* what the raw socket's route lookup needs of the original (route_cmsgs) */
+    struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos};
+    if (fs == NICD_FLOW_GIVE_UP)
+        return give_up(qh, id, nfa, &p, &fi, &rc, cx);
+    if (fs != NICD_FLOW_COMPRESS) {
+        if (fs == NICD_FLOW_NONE)
+            COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
+        else
+            COUNT(cx, EGRESS_RAW_FELL_BACK, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
@@ -406,10 +551,16 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         /* A GSO skb must never get a rewritten payload back in a verdict: it keeps its gso_size
          * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
          * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
-         * MTU. An unknown MTU (0) leaves it unchanged. */
+         * MTU. An unknown MTU (0) leaves it unchanged. The packets are cut to what the
+         * connection may carry: the path MTU, and the peer's MSS (the receiver's limit, or a
+         * clamp on the path), as TCP cuts its own (a hop that drops ICMP "fragmentation
+         * needed" never tells us its MTU, but the clamp or the peer's MSS does). */
         size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), p.daddr, 0);
+        size_t mss_len = 40 + (size_t)fi.peer_mss; /* the MSS counts from fixed 20-byte headers */
+        if (mtu > mss_len)
+            mtu = mss_len;
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
-            return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
+            return egress_gso(qh, id, &p, isn, mtu, mss_len, &rc, cx);
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress(&p, p.seq - isn - 1, cx->cfg->error_bound,
@@ -456,7 +607,8 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     int agree = settings_agree(cx, &o);
     struct nicd_hello h;
     if (syn == TCP_SYN && o.role == NICD_ROLE_HELLO) {
-        h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq};
+        h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq,
+                                .peer_mss = mss_option(p)};
         memcpy(h.nonce, o.nonce, NICD_NONCE_LEN);
         if (nicd_hello_put(k, &h))
             COUNT(cx, HELLO_EVICTED, 1);
@@ -470,7 +622,7 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        if (nicd_flows_negotiate(k, h.isn) < 0)
+        if (nicd_flows_negotiate(k, h.isn, mss_option(p)) < 0)
             COUNT(cx, FLOW_TABLE_FULL, 1);
         else
             COUNT(cx, FLOWS_NEGOTIATED, 1);
@@ -491,7 +643,7 @@ static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_ke
         return;
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    if (nicd_flows_negotiate(k, h.isn) < 0)
+    if (nicd_flows_negotiate(k, h.isn, h.peer_mss) < 0)
         COUNT(cx, FLOW_TABLE_FULL, 1);
     else
         COUNT(cx, FLOWS_NEGOTIATED, 1);
@@ -567,7 +719,9 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     }
     cx->cfg = cfg;
     cx->st = st;
-    if (cfg->gso && (cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0) {
+    /* gso sends through it; without gso it is only for a flow that gives up (give_up), and
+     * optional (CAP_NET_RAW) */
+    if ((cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0 && cfg->gso) {
         fail(err, errlen, "gso: cannot open a raw IP socket (needs CAP_NET_RAW)", errno);
         goto out;
     }
@@ -612,6 +766,8 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     if (cx->raw_fd >= 0) { /* a few super-packets' worth */
         int rawsize = 4 << 20;
         setsockopt(cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize);
+        /* without it a raw socket reports a packet its qdisc dropped as sent */
+        setsockopt(cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one);
     }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];

@@ -46,8 +46,11 @@ enum nicd_counter {
     NICD_C_TIER0, NICD_C_TIER8, NICD_C_TIER16, NICD_C_TIER32,
     NICD_C_GSO_SUPER_PACKETS, /* gso: super-packets (over the MTU) sent as compressed packets;
                                  those packets count in egress_compressed */
-    NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take (lost:
-                                 TCP retransmits them) */
+    NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take, or the
+                                 qdisc dropped (lost: TCP retransmits them) */
+    NICD_C_FLOWS_FELL_BACK,   /* negotiated flows whose compressed packets did not get through
+                                 (the same range sent NICD_RETX_LIMIT times): raw from then on */
+    NICD_C_EGRESS_RAW_FELL_BACK, /* tagged data of those flows, sent raw */
     NICD_NCOUNTERS
 };
 
