@@ -22,7 +22,9 @@ struct slot {
     uint16_t peer_mss;
     uint8_t retx;       /* sends of the range at retx_seq */
     uint8_t high_byte;  /* the byte before high */
+    uint8_t high_fin;   /* a FIN followed it */
     uint8_t sent, raw, used;
+    struct nicd_flow_view view;
 };
 
 struct hslot {
@@ -247,7 +249,7 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint16_t p
 }
 
 enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
-                                       struct nicd_flow_info *fi)
+                                       int fin, struct nicd_flow_info *fi)
 {
     enum nicd_flow_state st = NICD_FLOW_NONE;
     pthread_mutex_lock(&lock);
@@ -265,8 +267,10 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
             } else if (!s->sent || (int32_t)(end - s->high) > 0) { /* new data (after a resent start?) */
                 uint32_t fresh = s->sent && (int32_t)(seq - s->high) < 0 ? end - s->high : len;
                 s->new_bytes += fresh, s->retx_bytes += len - fresh;
-                s->high = end, s->high_byte = last, s->sent = 1;
+                s->high = end, s->high_byte = last, s->high_fin = fin != 0, s->sent = 1;
             } else {
+                if (end == s->high && fin)
+                    s->high_fin = 1; /* the FIN came with a resent tail */
                 s->retx_bytes += len;
                 if (seq != s->retx_seq || !s->retx)
                     s->retx_seq = seq, s->retx = 1;
@@ -277,11 +281,22 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
             if (s->new_bytes > (1u << 30)) /* keep the ratio about recent data */
                 s->new_bytes /= 2, s->retx_bytes /= 2;
             *fi = (struct nicd_flow_info){.isn = s->isn, .peer_mss = s->peer_mss, .high = s->high,
-                                          .high_byte = s->high_byte};
+                                          .high_byte = s->high_byte, .high_fin = s->high_fin, .view = s->view};
         }
     }
     pthread_mutex_unlock(&lock);
     return st;
+}
+
+void nicd_flows_set_view(const struct nicd_flow_key *k, const struct nicd_flow_view *v)
+{
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (slots[i].used)
+            slots[i].view = *v;
+    }
+    pthread_mutex_unlock(&lock);
 }
 
 void nicd_flows_forget(const struct nicd_flow_key *k)

@@ -65,18 +65,33 @@ enum nicd_flow_state {
     NICD_FLOW_GIVE_UP,  /* this very range makes it RAW (returned once per flow) */
 };
 
+/* The flow's packets as conntrack saw them on their way out, before any NAT rewrote them
+ * (nicd_queue.c, conntrack_view): what the packets the raw socket sends must look like to be
+ * NATed as the connection's own. Addresses and ports in network order. */
+struct nicd_flow_view {
+    uint8_t known;     /* 0: not looked up yet; 1: as the hook sees them; 2: these addresses */
+    uint32_t saddr, daddr;
+    uint16_t sport, dport;
+};
+
 struct nicd_flow_info {
     uint32_t isn;       /* our ISN */
     uint16_t peer_mss;  /* the MSS the peer advertised */
     uint32_t high;      /* GIVE_UP: the end of the furthest range sent, */
-    uint8_t high_byte;  /* and the original byte just before it */
+    uint8_t high_byte;  /* and the original byte just before it, */
+    uint8_t high_fin;   /* and whether a FIN followed it */
+    struct nicd_flow_view view;
 };
 
-/* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte. Returns the
+/* Remember the view of a negotiated flow (looked up once per flow). */
+void nicd_flows_set_view(const struct nicd_flow_key *k, const struct nicd_flow_view *v);
+
+/* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte, fin whether
+ * the segment carries a FIN. Returns the
  * flow's state and fills *fi. Refreshes the flow's clock and watches its retransmissions (a range
  * that ends no further than what was sent before) for the give-up above. */
 enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
-                                       struct nicd_flow_info *fi);
+                                       int fin, struct nicd_flow_info *fi);
 
 /* Forget a negotiated flow: our own stack opens or accepts this 4-tuple anew. */
 void nicd_flows_forget(const struct nicd_flow_key *k);

