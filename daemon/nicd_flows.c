@@ -18,6 +18,7 @@ struct slot {
     uint32_t last_seen; /* monotonic seconds */
     uint32_t high;      /* the end of the furthest range sent (valid once sent is set) */
     uint32_t retx_seq;  /* where the last retransmitted range started */
+    uint32_t retx_since; /* ... and when it was first sent again (monotonic seconds) */
     uint32_t new_bytes, retx_bytes; /* sent for the first time, and again */
     uint16_t peer_mss;
     uint8_t retx;       /* sends of the range at retx_seq */
@@ -273,8 +274,10 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
                     s->high_fin = 1; /* the FIN came with a resent tail */
                 s->retx_bytes += len;
                 if (seq != s->retx_seq || !s->retx)
-                    s->retx_seq = seq, s->retx = 1;
-                if (++s->retx >= NICD_RETX_LIMIT ||
+                    s->retx_seq = seq, s->retx = 1, s->retx_since = now;
+                if (s->retx < 255)
+                    s->retx++;
+                if ((s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) ||
                     (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes))
                     s->raw = 1, st = NICD_FLOW_GIVE_UP;
             }

@@ -51,11 +51,13 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint16_t p
 
 /* A negotiated flow gives up compressing (NICD_FLOW_GIVE_UP) when its compressed packets do not
  * get through, seen as TCP sending the same data again: the same range sent NICD_RETX_LIMIT
- * times (a middlebox that drops the ACKs or the packets every time), or more than half of the
+ * times over NICD_RETX_SECONDS (a middlebox that drops the ACKs or the packets every time; a
+ * receiving daemon that restarts within that time finds the flow still compressed), or more than half of the
  * data retransmitted once NICD_RETX_BYTES were (one that drops most of them: TCP's one-MSS
  * retransmissions get through, in place, and the flow only crawls). Random loss retransmits a
  * few percent. */
 #define NICD_RETX_LIMIT 4
+#define NICD_RETX_SECONDS 10
 #define NICD_RETX_BYTES (128u * 1024)
 
 enum nicd_flow_state {
