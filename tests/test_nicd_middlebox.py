@@ -152,7 +152,9 @@ def test_compressed_packets_fit_what_the_connection_may_carry(tb_name, tmp_path,
 def test_compressed_packets_follow_policy_routing(tb_name, tmp_path, small, rule):
     """a's main table sends b's network to a dead gateway; a policy rule sends the flow through the
     router instead: by the sending socket's SO_MARK (fwmark), or by protocol (ipproto tcp). The
-    raw socket's packets must take the rule's route too."""
+    raw socket's packets must take the rule's route too. (This kernel already looked the
+    header-included raw socket's packets up by their header's protocol; nicd says IP_PROTOCOL
+    for kernels that use 255.)"""
     want = recon(small, -10).tobytes()
     with routed(tb_name) as t:
         t.a.run(["ip", "route", "replace", f"{B_NET}.0/24", "via", DEAD_GW], check=True)
