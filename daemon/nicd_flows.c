@@ -16,8 +16,17 @@ struct slot {
     struct nicd_flow_key key;
     uint32_t isn, peer_isn;
     uint32_t last_seen; /* monotonic seconds */
-    uint8_t used;
+    uint32_t high;      /* the end of the furthest range sent (valid once sent is set) */
+    uint32_t retx_seq;  /* where the last retransmitted range started */
+    uint32_t retx_since; /* ... and when it was first sent again (monotonic seconds) */
+    uint32_t new_bytes, retx_bytes; /* sent for the first time, and again */
+    uint16_t peer_mss;
+    uint8_t retx;       /* sends of the range at retx_seq */
+    uint8_t high_byte;  /* the byte before high */
+    uint8_t high_fin;   /* a FIN followed it */
+    uint8_t sent, raw, used;
     uint8_t rewritten; /* a compressed packet arrived without its mark */
+    struct nicd_flow_view view;
 };
 
 struct hslot {
@@ -222,7 +231,7 @@ static int expired(const struct slot *s, uint32_t now)
     return now - s->last_seen > idle_timeout;
 }
 
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn)
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss)
 {
     int rc = -1;
     pthread_mutex_lock(&lock);
@@ -233,6 +242,7 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
             if (!slots[i].used)
                 count++;
             slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now_s(),
+                                     .peer_mss = peer_mss,
                                      .used = 1};
             rc = 0;
         }
@@ -241,26 +251,58 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
     return rc;
 }
 
-int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn, uint32_t *peer_isn)
+enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
+                                       int fin, struct nicd_flow_info *fi)
 {
-    int found = 0;
+    enum nicd_flow_state st = NICD_FLOW_NONE;
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k), now = now_s();
-        if (slots[i].used) {
-            if (expired(&slots[i], now)) {
-                erase(i);
+        struct slot *s = &slots[i];
+        if (s->used && expired(s, now)) {
+            erase(i);
+        } else if (s->used) {
+            s->last_seen = now;
+            uint32_t end = seq + len;
+            st = s->raw ? NICD_FLOW_RAW : NICD_FLOW_COMPRESS;
+            if (st == NICD_FLOW_RAW) {
+                ; /* stays raw until it is forgotten */
+            } else if (!s->sent || (int32_t)(end - s->high) > 0) { /* new data (after a resent start?) */
+                uint32_t fresh = s->sent && (int32_t)(seq - s->high) < 0 ? end - s->high : len;
+                s->new_bytes += fresh, s->retx_bytes += len - fresh;
+                s->high = end, s->high_byte = last, s->high_fin = fin != 0, s->sent = 1;
             } else {
-                *isn = slots[i].isn;
-                if (peer_isn)
-                    *peer_isn = slots[i].peer_isn;
-                slots[i].last_seen = now;
-                found = 1;
+                if (end == s->high && fin)
+                    s->high_fin = 1; /* the FIN came with a resent tail */
+                s->retx_bytes += len;
+                if (seq != s->retx_seq || !s->retx)
+                    s->retx_seq = seq, s->retx = 1, s->retx_since = now;
+                if (s->retx < 255)
+                    s->retx++;
+                if ((s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) ||
+                    (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes))
+                    s->raw = 1, st = NICD_FLOW_GIVE_UP;
             }
+            if (s->new_bytes > (1u << 30)) /* keep the ratio about recent data */
+                s->new_bytes /= 2, s->retx_bytes /= 2;
+            *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .peer_mss = s->peer_mss,
+                                          .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
+                                          .view = s->view};
         }
     }
     pthread_mutex_unlock(&lock);
-    return found;
+    return st;
+}
+
+void nicd_flows_set_view(const struct nicd_flow_key *k, const struct nicd_flow_view *v)
+{
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (slots[i].used)
+            slots[i].view = *v;
+    }
+    pthread_mutex_unlock(&lock);
 }
 
 int nicd_flows_note_rewritten(const struct nicd_flow_key *k)

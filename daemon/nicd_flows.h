@@ -36,6 +36,7 @@ struct nicd_hello {
     uint32_t isn;     /* our ISN (SENT, ANSWERED) */
     uint32_t peer_isn; /* the peer's ISN (PEER, ANSWERED) */
     uint8_t tries;     /* ANSWERED: compressed packets that failed to confirm it */
+    uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
     uint8_t nonce[NICD_NONCE_LEN];
 };
 
@@ -44,13 +45,57 @@ struct nicd_hello {
 int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s);
 void nicd_flows_free(void);
 
-/* Record a negotiated flow, our ISN and the peer's (replacing an older entry of the key).
- * Returns 0, or -1 when the table is full (the flow then simply stays raw). */
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn);
+/* Record a negotiated flow, our ISN, the peer's and the MSS the peer advertised in its handshake
+ * (what its segments toward it may carry; 0 if its SYN had no MSS option), replacing an older
+ * entry of the key. Returns 0, or -1 when the table is full (the flow then simply stays raw). */
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss);
 
-/* 1, *isn and *peer_isn if the flow is negotiated (and not idle past the timeout; refreshes its
- * clock). peer_isn may be NULL. */
-int nicd_flows_negotiated(const struct nicd_flow_key *k, uint32_t *isn, uint32_t *peer_isn);
+/* A negotiated flow gives up compressing (NICD_FLOW_GIVE_UP) when its compressed packets do not
+ * get through, seen as TCP sending the same data again: the same range sent NICD_RETX_LIMIT
+ * times over NICD_RETX_SECONDS (a middlebox that drops the ACKs or the packets every time; a
+ * receiving daemon that restarts within that time finds the flow still compressed), or more than half of the
+ * data retransmitted once NICD_RETX_BYTES were (one that drops most of them: TCP's one-MSS
+ * retransmissions get through, in place, and the flow only crawls). Random loss retransmits a
+ * few percent. */
+#define NICD_RETX_LIMIT 4
+#define NICD_RETX_SECONDS 10
+#define NICD_RETX_BYTES (128u * 1024)
+
+enum nicd_flow_state {
+    NICD_FLOW_NONE = 0, /* not negotiated (or idle past the timeout): raw */
+    NICD_FLOW_COMPRESS, /* negotiated: compress */
+    NICD_FLOW_RAW,      /* negotiated, but its compressed packets did not get through: raw */
+    NICD_FLOW_GIVE_UP,  /* this very range makes it RAW (returned once per flow) */
+};
+
+/* The flow's packets as conntrack saw them on their way out, before any NAT rewrote them
+ * (nicd_queue.c, conntrack_view): what the packets the raw socket sends must look like to be
+ * NATed as the connection's own. Addresses and ports in network order. */
+struct nicd_flow_view {
+    uint8_t known;     /* 0: not looked up yet; 1: as the hook sees them; 2: these addresses */
+    uint32_t saddr, daddr;
+    uint16_t sport, dport;
+};
+
+struct nicd_flow_info {
+    uint32_t isn;       /* our ISN */
+    uint32_t peer_isn;  /* the peer's ISN (its low bits are the echo our packets carry) */
+    uint16_t peer_mss;  /* the MSS the peer advertised */
+    uint32_t high;      /* GIVE_UP: the end of the furthest range sent, */
+    uint8_t high_byte;  /* and the original byte just before it, */
+    uint8_t high_fin;   /* and whether a FIN followed it */
+    struct nicd_flow_view view;
+};
+
+/* Remember the view of a negotiated flow (looked up once per flow). */
+void nicd_flows_set_view(const struct nicd_flow_key *k, const struct nicd_flow_view *v);
+
+/* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte, fin whether
+ * the segment carries a FIN. Returns the
+ * flow's state and fills *fi. Refreshes the flow's clock and watches its retransmissions (a range
+ * that ends no further than what was sent before) for the give-up above. */
+enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
+                                       int fin, struct nicd_flow_info *fi);
 
 /* Note that a compressed packet of the negotiated flow k arrived without the compressed mark;
  * returns 1 the first time for the flow (0 after, or if k is not negotiated). */

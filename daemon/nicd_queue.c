@@ -12,6 +12,7 @@
 #include <string.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_queue.h>
+#include <linux/netfilter/nfnetlink_conntrack.h>
 #include <linux/netlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -90,6 +91,9 @@ struct ctx {
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
     int udp_fd; /* unsent-to, connected only to look up a destination's path MTU */
     struct path_mtu mtus[MTU_CACHE];
+    int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
+    int ct_fd;         /* ctnetlink: a flow's addresses before NAT (conntrack_view) */
+    uint32_t ct_seq;
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -175,6 +179,26 @@ static int fetch(struct nfq_data *nfa, uint32_t *id, unsigned char **buf)
     struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
     *id = ph ? ntohl(ph->packet_id) : 0;
     return nfq_get_payload(nfa, buf);
+}
+
+/* The MSS option of a SYN or SYN-ACK: what the peer's segments toward it may carry (as any
+ * clamp on the path left it). 536 without one, as TCP assumes (RFC 9293). */
+static uint16_t mss_option(const struct nicd_pkt *p)
+{
+    const uint8_t *t = p->ip + p->ihl;
+    size_t i = 20;
+    while (i < p->thl && t[i] != 0) {
+        if (t[i] == 1) { /* NOP */
+            i++;
+            continue;
+        }
+        if (i + 2 > p->thl || t[i + 1] < 2 || i + t[i + 1] > p->thl)
+            break;
+        if (t[i] == 2 && t[i + 1] == 4)
+            return (uint16_t)((unsigned)t[i + 2] << 8 | t[i + 3]);
+        i += t[i + 1];
+    }
+    return 536;
 }
 
 /* Our settings as the hello option says them. */
@@ -286,46 +310,268 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int f
     return mtu;
 }
 
-/* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
- * the interface the super-packet was leaving by (IP_PKTINFO: the route lookup is pinned to it,
- * whatever policy routing would pick for a raw socket), past the egress rules, which catch only
- * the tagged mark. One the kernel does not take is lost: TCP retransmits its range. The packets
- * the kernel took are counted here (compressed, wire bytes without headers of hdr_len), so the
- * counters match what the receiver can restore. Returns how many were refused for their size
- * (EMSGSIZE: the path MTU fell since it was cached), which the caller counts or sends again;
- * other refusals are counted here. */
-static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int nsegs, size_t hdr_len)
+/* ---- conntrack: the flow's packets before NAT -------------------------------------------- */
+
+static size_t nla_put(uint8_t *b, size_t at, uint16_t type, const void *v, uint16_t len)
 {
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = daddr};
+    struct nlattr a = {.nla_len = (uint16_t)(NLA_HDRLEN + len), .nla_type = type};
+    memcpy(b + at, &a, sizeof a);
+    memcpy(b + at + NLA_HDRLEN, v, len);
+    return at + NLA_ALIGN(NLA_HDRLEN + len);
+}
+
+static void nla_nest_end(uint8_t *b, size_t start, size_t at, uint16_t type)
+{
+    struct nlattr a = {.nla_len = (uint16_t)(at - start), .nla_type = (uint16_t)(type | NLA_F_NESTED)};
+    memcpy(b + start, &a, sizeof a);
+}
+
+/* The attributes in [b, b + len), each bounds-checked before it is read. */
+#define FOR_NLA(a, b, len)                                                                      \
+    for (const uint8_t *a = (b); a + NLA_HDRLEN <= (b) + (len) &&                              \
+                                 nla_len_at(a) >= NLA_HDRLEN && a + nla_len_at(a) <= (b) + (len); \
+         a += NLA_ALIGN(nla_len_at(a)))
+
+static uint16_t nla_len_at(const uint8_t *a)
+{
+    struct nlattr h;
+    memcpy(&h, a, sizeof h);
+    return h.nla_len;
+}
+
+static uint16_t nla_type_at(const uint8_t *a)
+{
+    struct nlattr h;
+    memcpy(&h, a, sizeof h);
+    return h.nla_type & NLA_TYPE_MASK;
+}
+
+/* A CTA_TUPLE_* body into *v; 1 if it held IPv4 addresses and TCP ports. */
+static int parse_tuple(const uint8_t *b, size_t len, struct nicd_flow_view *v)
+{
+    int got = 0;
+    FOR_NLA(a, b, len) {
+        const uint8_t *in = a + NLA_HDRLEN;
+        size_t inlen = nla_len_at(a) - NLA_HDRLEN;
+        if (nla_type_at(a) == CTA_TUPLE_IP) {
+            FOR_NLA(x, in, inlen) {
+                if (nla_len_at(x) < NLA_HDRLEN + 4)
+                    continue;
+                if (nla_type_at(x) == CTA_IP_V4_SRC)
+                    memcpy(&v->saddr, x + NLA_HDRLEN, 4), got |= 1;
+                else if (nla_type_at(x) == CTA_IP_V4_DST)
+                    memcpy(&v->daddr, x + NLA_HDRLEN, 4), got |= 2;
+            }
+        } else if (nla_type_at(a) == CTA_TUPLE_PROTO) {
+            FOR_NLA(x, in, inlen) {
+                if (nla_len_at(x) < NLA_HDRLEN + 1)
+                    continue;
+                if (nla_type_at(x) == CTA_PROTO_NUM && x[NLA_HDRLEN] == IPPROTO_TCP)
+                    got |= 4;
+                else if (nla_type_at(x) == CTA_PROTO_SRC_PORT && nla_len_at(x) >= NLA_HDRLEN + 2)
+                    memcpy(&v->sport, x + NLA_HDRLEN, 2), got |= 8;
+                else if (nla_type_at(x) == CTA_PROTO_DST_PORT && nla_len_at(x) >= NLA_HDRLEN + 2)
+                    memcpy(&v->dport, x + NLA_HDRLEN, 2), got |= 16;
+            }
+        }
+    }
+    return got == 31;
+}
+
+/* Ask conntrack for the connection whose `which` tuple (CTA_TUPLE_ORIG or _REPLY) is t: 1 and its
+ * original tuple in *orig, 0 if there is none, -1 if the answer did not come. */
+static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t, struct nicd_flow_view *orig)
+{
+    union {
+        struct nlmsghdr h;
+        uint8_t b[256];
+    } req;
+    size_t at = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
+    memset(&req, 0, sizeof req);
+    struct nfgenmsg nfg = {.nfgen_family = AF_INET, .version = NFNETLINK_V0};
+    memcpy(req.b + NLMSG_HDRLEN, &nfg, sizeof nfg);
+    size_t outer = at, ip, pr;
+    at += NLA_HDRLEN, ip = at, at += NLA_HDRLEN;
+    at = nla_put(req.b, at, CTA_IP_V4_SRC, &t->saddr, 4);
+    at = nla_put(req.b, at, CTA_IP_V4_DST, &t->daddr, 4);
+    nla_nest_end(req.b, ip, at, CTA_TUPLE_IP);
+    uint8_t proto = IPPROTO_TCP;
+    pr = at, at += NLA_HDRLEN;
+    at = nla_put(req.b, at, CTA_PROTO_NUM, &proto, 1);
+    at = nla_put(req.b, at, CTA_PROTO_SRC_PORT, &t->sport, 2);
+    at = nla_put(req.b, at, CTA_PROTO_DST_PORT, &t->dport, 2);
+    nla_nest_end(req.b, pr, at, CTA_TUPLE_PROTO);
+    nla_nest_end(req.b, outer, at, which);
+    req.h = (struct nlmsghdr){.nlmsg_len = (uint32_t)at, .nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
+                              .nlmsg_flags = NLM_F_REQUEST, .nlmsg_seq = ++cx->ct_seq};
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    if (sendto(cx->ct_fd, req.b, at, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0)
+        return -1;
+    static _Thread_local union {
+        struct nlmsghdr h;
+        uint8_t b[16384];
+    } ans;
+    for (;;) {
+        ssize_t n = recv(cx->ct_fd, ans.b, sizeof ans.b, 0); /* SO_RCVTIMEO bounds the wait */
+        if (n < 0)
+            return -1;
+        for (struct nlmsghdr *h = &ans.h; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_seq != cx->ct_seq) /* a late answer to an earlier question */
+                continue;
+            if (h->nlmsg_type == NLMSG_ERROR)
+                return 0; /* ENOENT: no such connection (or the question was refused) */
+            size_t body = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
+            if (h->nlmsg_len < body)
+                return -1;
+            FOR_NLA(a, (const uint8_t *)h + body, h->nlmsg_len - body)
+                if (nla_type_at(a) == CTA_TUPLE_ORIG)
+                    return parse_tuple(a + NLA_HDRLEN, nla_len_at(a) - NLA_HDRLEN, orig) ? 1 : -1;
+            return -1;
+        }
+    }
+}
+
+/* What a flow's packets looked like when conntrack took them (in LOCAL_OUT, before NAT): the
+ * raw socket's packets re-enter the output path there, so with these addresses conntrack finds
+ * the connection and NAT treats them as it treated the original; with the ones the hook sees
+ * after a DNAT (nat OUTPUT, as kube-proxy's), conntrack takes them for a new connection and NAT
+ * gives them a fresh source port. SNAT comes after the hook (nat POSTROUTING) and needs nothing.
+ * The packet as it is now is the connection's original tuple (no DNAT), or its reply tuple (we
+ * answer), or the reply tuple reversed is the connection's (a DNAT: its original tuple is the
+ * view). None of them: not tracked, so no NAT either (or a DNAT and an SNAT of one flow, which
+ * nicd cannot tell apart: its packets go astray, and the flow gives up compressing). */
+static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_pkt *p)
+{
+    struct nicd_flow_view now = {.known = 1, .saddr = p->saddr, .daddr = p->daddr, .sport = htons(p->sport),
+                                 .dport = htons(p->dport)};
+    struct nicd_flow_view rev = {.saddr = now.daddr, .daddr = now.saddr, .sport = now.dport, .dport = now.sport};
+    struct nicd_flow_view o;
+    if (cx->ct_fd < 0 || ct_get(cx, CTA_TUPLE_ORIG, &now, &o) > 0 || ct_get(cx, CTA_TUPLE_REPLY, &now, &o) > 0 ||
+        ct_get(cx, CTA_TUPLE_REPLY, &rev, &o) <= 0)
+        return now;
+    o.known = 2;
+    return o;
+}
+
+/* Replace n bytes (n even, 16-bit aligned in the checksummed data) at at with to, updating the
+ * ones-complement checksum at check incrementally (RFC 1624, as NAT does): whatever the checksum
+ * said stays said, so a compressed packet's keeps its mark (wrong by exactly NICD_CSUM_MARK). */
+static void replace_summed(uint8_t *at, const void *to, size_t n, uint8_t *check)
+{
+    uint32_t sum = (uint16_t)~((unsigned)check[0] << 8 | check[1]);
+    const uint8_t *b = to;
+    for (size_t i = 0; i < n; i += 2) {
+        sum += (uint16_t)~((unsigned)at[i] << 8 | at[i + 1]);
+        sum += (unsigned)b[i] << 8 | b[i + 1];
+    }
+    while (sum >> 16)
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (uint16_t)~sum;
+    check[0] = (uint8_t)(sum >> 8), check[1] = (uint8_t)sum;
+    memcpy(at, to, n);
+}
+
+/* Give a packet the view's addresses and ports (known == 2); the TCP checksum follows
+ * incrementally (a compressed packet's stays marked), the IP header's is made anew. */
+static void apply_view(uint8_t *ip, const struct nicd_flow_view *v)
+{
+    if (v->known != 2)
+        return;
+    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    uint8_t *check = ip + ihl + 16;
+    replace_summed(ip + 12, &v->saddr, 4, check);   /* the pseudo-header's addresses */
+    replace_summed(ip + 16, &v->daddr, 4, check);
+    replace_summed(ip + ihl, &v->sport, 2, check);
+    replace_summed(ip + ihl + 2, &v->dport, 2, check);
+    nicd_set_tos(ip, ip[1]);
+}
+
+/* What the route lookup of the raw socket's packets gets from the original: the interface it
+ * was leaving by, its mark, its protocol and its ToS. */
+struct route_ctx {
+    uint32_t ifindex, mark;
+    uint8_t tos;
+    struct nicd_flow_view view; /* the addresses before NAT */
+};
+
+/* The control messages that give the raw socket's route lookup the original's inputs:
+ * IP_PKTINFO pins the interface; SO_MARK (an `ip rule fwmark`, or a socket's SO_MARK), IP_TOS
+ * (`ip rule tos`) and IP_PROTOCOL (`ip rule ipproto`, IPsec selectors by protocol: a header-
+ * included raw socket is otherwise looked up as protocol 255) are the original's. Returns the
+ * length written to b. */
+static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, uint8_t *b, size_t cap)
+{
+    struct msghdr mh = {.msg_control = b, .msg_controllen = cap};
+    memset(b, 0, cap);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    size_t len = 0;
+    if (rc->ifindex) {
+        struct in_pktinfo info = {.ipi_ifindex = (int)rc->ifindex};
+        *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof info), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_PKTINFO};
+        memcpy(CMSG_DATA(c), &info, sizeof info);
+        len += CMSG_SPACE(sizeof info), c = CMSG_NXTHDR(&mh, c);
+    }
+    *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof rc->mark), .cmsg_level = SOL_SOCKET, .cmsg_type = SO_MARK};
+    memcpy(CMSG_DATA(c), &rc->mark, sizeof rc->mark);
+    len += CMSG_SPACE(sizeof rc->mark), c = CMSG_NXTHDR(&mh, c);
+    int tos = rc->tos;
+    *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof tos), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_TOS};
+    memcpy(CMSG_DATA(c), &tos, sizeof tos);
+    len += CMSG_SPACE(sizeof tos), c = CMSG_NXTHDR(&mh, c);
+    if (!cx->no_proto_cmsg) {
+        int proto = IPPROTO_TCP;
+        *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof proto), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_PROTOCOL};
+        memcpy(CMSG_DATA(c), &proto, sizeof proto);
+        len += CMSG_SPACE(sizeof proto);
+    }
+    return len;
+}
+
+/* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
+ * the interface the super-packet was leaving by, with its routing inputs (route_cmsgs), past the
+ * egress rules, which catch only the tagged mark. One the kernel does not take, or its qdisc
+ * drops (IP_RECVERR makes the raw socket say ENOBUFS then), is lost: TCP retransmits its range.
+ * The packets the kernel took are counted here (compressed, wire bytes without headers of
+ * hdr_len), so the counters match what the receiver can restore. Returns how many were refused
+ * for their size (EMSGSIZE: the path MTU fell since it was cached), which the caller counts or
+ * sends again; other refusals are counted here. */
+static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx *rc, int nsegs, size_t hdr_len)
+{
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : daddr};
     union {
         struct cmsghdr h;
-        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo))];
-    } ctl = {.h = {.cmsg_len = CMSG_LEN(sizeof(struct in_pktinfo)), .cmsg_level = IPPROTO_IP,
-                   .cmsg_type = IP_PKTINFO}};
-    struct in_pktinfo info = {.ipi_ifindex = (int)ifindex};
-    memcpy(CMSG_DATA(&ctl.h), &info, sizeof info);
+        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
+    } ctl;
+    size_t ctl_len = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b);
     struct mmsghdr mm[GSO_MAX_SEGS];
     struct iovec iov[GSO_MAX_SEGS];
     size_t at = 0;
     for (int i = 0; i < nsegs; i++) {
+        apply_view(cx->segs + at, &rc->view);
         iov[i] = (struct iovec){cx->segs + at, cx->seg_len[i]};
         mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
-                                             .msg_iov = &iov[i], .msg_iovlen = 1}};
-        if (ifindex)
-            mm[i].msg_hdr.msg_control = ctl.b, mm[i].msg_hdr.msg_controllen = sizeof ctl.b;
+                                             .msg_iov = &iov[i], .msg_iovlen = 1,
+                                             .msg_control = ctl.b, .msg_controllen = ctl_len}};
         at += cx->seg_len[i];
     }
-    int sent = 0, too_big = 0;
+    int sent = 0, too_big = 0, failed = 0;
     while (sent < nsegs) {
         int r = sendmmsg(cx->raw_fd, mm + sent, (unsigned)(nsegs - sent), 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) { /* ENOBUFS and the like: skip one packet, TCP retransmits its range */
+        if (r < 0 && errno == EINVAL && !cx->no_proto_cmsg) { /* a kernel without IP_PROTOCOL */
+            cx->no_proto_cmsg = 1;
+            ctl_len = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b);
+            for (int i = 0; i < nsegs; i++)
+                mm[i].msg_hdr.msg_controllen = ctl_len;
+            continue;
+        }
+        if (r <= 0) { /* ENOBUFS (a qdisc drop) and the like: skip one packet, TCP retransmits it */
             if (r < 0 && errno == EMSGSIZE)
                 too_big++;
             else
                 cx->st->c[NICD_C_GSO_SEND_ERRORS]++;
-            sent++;
+            sent++, failed = 1;
             continue;
         }
         for (int i = sent; i < sent + r; i++) {
@@ -334,7 +580,29 @@ static int send_segments(struct ctx *cx, uint32_t daddr, uint32_t ifindex, int n
         }
         sent += r;
     }
+    if (failed) { /* IP_RECVERR queued a copy of each local error: nobody reads them */
+        uint8_t junk[64];
+        struct iovec jv = {junk, sizeof junk};
+        struct msghdr jm = {.msg_iov = &jv, .msg_iovlen = 1};
+        while (recvmsg(cx->raw_fd, &jm, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0)
+            jm.msg_flags = 0;
+    }
     return too_big;
+}
+
+/* One packet through the raw socket, as send_segments sends them (not counted). */
+static int send_one(struct ctx *cx, uint8_t *buf, size_t len, uint32_t daddr, const struct route_ctx *rc)
+{
+    apply_view(buf, &rc->view);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : daddr};
+    union {
+        struct cmsghdr h;
+        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr mh = {.msg_name = &to, .msg_namelen = sizeof to, .msg_iov = &iov, .msg_iovlen = 1,
+                        .msg_control = ctl.b, .msg_controllen = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b)};
+    return sendmsg(cx->raw_fd, &mh, 0) < 0 ? -1 : 0;
 }
 
 /* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
@@ -352,7 +620,7 @@ static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn,
  * that fit the MTU, sent through the raw socket, the original dropped. One that does not
  * compress leaves unchanged: the kernel segments it after the hook, as it would without us. */
 static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
-                      size_t mtu, uint32_t ifindex, struct ctx *cx)
+                      size_t mtu, size_t mss_len, const struct route_ctx *rc, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs;
@@ -366,13 +634,14 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    int too_big = send_segments(cx, p->daddr, ifindex, nsegs, p->payload_off);
+    int too_big = send_segments(cx, p->daddr, rc, nsegs, p->payload_off);
     if (too_big) {
         /* Refused for their size: the path MTU fell within the cached second. Look it up now and
          * send the whole super-packet again, cut to it: the ranges already out arrive twice,
          * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries).
          * Only what is then still refused counts as a send error: nothing else is lost. */
-        size_t fresh = egress_mtu(cx, ifindex, p->daddr, 1);
+        size_t fresh = egress_mtu(cx, rc->ifindex, p->daddr, 1);
+        fresh = fresh < mss_len ? fresh : mss_len;
         uint64_t t2[4] = {0, 0, 0, 0};
         int n2;
         ptrdiff_t r2 = fresh < mtu ? cut_gso(cx, p, isn, fresh, &n2, t2) : NICD_NOT_SMALLER;
@@ -382,7 +651,7 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
             COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
             return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
         }
-        too_big = send_segments(cx, p->daddr, ifindex, n2, p->payload_off);
+        too_big = send_segments(cx, p->daddr, rc, n2, p->payload_off);
         memcpy(tiers, t2, sizeof tiers);
     }
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
@@ -393,6 +662,56 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
     COUNT(cx, TIER16, tiers[2]);
     COUNT(cx, TIER32, tiers[3]);
     return verdict(qh, id, NF_DROP, NULL, 0, cx);
+}
+
+/* A flow gives up compressing (nicd_flows_egress): logged once; this packet and all after it
+ * leave raw. A stateful middlebox that tracked the compressed lengths (conntrack: seq + payload
+ * length) still holds the flow's end short of what the peer received and acknowledges, and drops
+ * those ACKs as acknowledging data it never saw; TCP resends only from its oldest unacknowledged
+ * byte, so that end would never move. So the last original byte sent compressed goes out raw
+ * once more, alone in a segment at its place (the peer already has it, or takes the true byte):
+ * the middlebox then has seen the whole range, and the peer's ACK passes. */
+static int give_up(struct nfq_q_handle *qh, uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
+                   const struct nicd_flow_info *fi, const struct route_ctx *rc, struct ctx *cx)
+{
+    char a[INET_ADDRSTRLEN] = "?", b[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &p->saddr, a, sizeof a);
+    inet_ntop(AF_INET, &p->daddr, b, sizeof b);
+    fprintf(stderr, "nicd WARNING: flow %s:%u -> %s:%u: its compressed packets do not get through (TCP sends "
+            "the same data again and again, now seq %u); sending this flow raw from now on\n", a, p->sport, b,
+            p->dport, p->seq);
+    fflush(stderr);
+    COUNT(cx, FLOWS_FELL_BACK, 1);
+    COUNT(cx, EGRESS_RAW_FELL_BACK, 1);
+    COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+
+    uint8_t *probe = cx->segs; /* free between super-packets */
+    memcpy(probe, p->ip, p->payload_off);
+    probe[p->payload_off] = fi->high_byte;
+    size_t len = p->payload_off + 1;
+    probe[2] = (uint8_t)(len >> 8), probe[3] = (uint8_t)len;
+    uint8_t *t = probe + p->ihl;
+    uint32_t seq = fi->high - 1;
+    t[4] = (uint8_t)(seq >> 24), t[5] = (uint8_t)(seq >> 16), t[6] = (uint8_t)(seq >> 8), t[7] = (uint8_t)seq;
+    /* a plain data segment (no PSH, URG, CWR, ECE), with the FIN if one followed that byte: the
+     * middlebox counts it in the flow's end too, and the peer acknowledges it */
+    t[13] = (uint8_t)((t[13] & TCP_ACK) | (fi->high_fin ? TCP_FIN : 0));
+    t[16] = t[17] = 0;
+    uint16_t c = nicd_tcp_checksum(probe, len);
+    memcpy(t + 16, &c, 2);
+    nicd_set_tos(probe, p->tos);
+    if (cx->raw_fd >= 0) {
+        verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        flush(cx);
+        if (send_one(cx, probe, len, p->daddr, rc) < 0)
+            COUNT(cx, GSO_SEND_ERRORS, 1);
+        return 0;
+    }
+    if (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) /* never a rewritten GSO skb (see on_egress) */
+        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    /* no raw socket: the byte takes this packet's place; TCP resends the packet, raw */
+    memcpy(OUT(cx), probe, len);
+    return verdict(qh, id, NF_ACCEPT, OUT(cx), len, cx);
 }
 
 /* Egress: handshakes, then compression of tagged data on negotiated flows. */
@@ -420,21 +739,42 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if (!codec || p.payload_len == 0)
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
 
-    uint32_t isn, peer_isn;
-    if (!nicd_flows_negotiated(&k, &isn, &peer_isn)) {
-        COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
+    struct nicd_flow_info fi;
+    enum nicd_flow_state fs = nicd_flows_egress(&k, p.seq, (uint32_t)p.payload_len,
+                                                p.ip[p.payload_off + p.payload_len - 1], p.tcp_flags & TCP_FIN, &fi);
+    uint32_t isn = fi.isn;
+    /* what the raw socket's route lookup needs of the original (route_cmsgs) */
+    struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos,
+                           .view = fi.view};
+    if (!rc.view.known && cx->raw_fd >= 0 && fs != NICD_FLOW_NONE) { /* once per flow */
+        rc.view = conntrack_view(cx, &p);
+        nicd_flows_set_view(&k, &rc.view);
+    }
+    if (fs == NICD_FLOW_GIVE_UP)
+        return give_up(qh, id, nfa, &p, &fi, &rc, cx);
+    if (fs != NICD_FLOW_COMPRESS) {
+        if (fs == NICD_FLOW_NONE)
+            COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
+        else
+            COUNT(cx, EGRESS_RAW_FELL_BACK, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
         return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
     }
-    cx->echo = (uint16_t)(peer_isn & NICD_ECHO_MASK);
+    cx->echo = (uint16_t)(fi.peer_isn & NICD_ECHO_MASK);
     if (cx->cfg->gso) {
         /* A GSO skb must never get a rewritten payload back in a verdict: it keeps its gso_size
          * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
          * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
-         * MTU. An unknown MTU (0) leaves it unchanged. */
+         * MTU. An unknown MTU (0) leaves it unchanged. The packets are cut to what the
+         * connection may carry: the path MTU, and the peer's MSS (the receiver's limit, or a
+         * clamp on the path), as TCP cuts its own (a hop that drops ICMP "fragmentation
+         * needed" never tells us its MTU, but the clamp or the peer's MSS does). */
         size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), p.daddr, 0);
+        size_t mss_len = 40 + (size_t)fi.peer_mss; /* the MSS counts from fixed 20-byte headers */
+        if (mtu > mss_len)
+            mtu = mss_len;
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
-            return egress_gso(qh, id, &p, isn, mtu, nfq_get_outdev(nfa), cx);
+            return egress_gso(qh, id, &p, isn, mtu, mss_len, &rc, cx);
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress_codec(&p, p.seq - isn - 1, codec, cx->cfg->error_bound,
@@ -481,7 +821,8 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     int agree = settings_agree(cx, &o);
     struct nicd_hello h;
     if (syn == TCP_SYN && o.role == NICD_ROLE_HELLO) {
-        h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq};
+        h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq,
+                                .peer_mss = mss_option(p)};
         memcpy(h.nonce, o.nonce, NICD_NONCE_LEN);
         if (nicd_hello_put(k, &h))
             COUNT(cx, HELLO_EVICTED, 1);
@@ -495,7 +836,7 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        if (nicd_flows_negotiate(k, h.isn, p->seq) < 0)
+        if (nicd_flows_negotiate(k, h.isn, p->seq, mss_option(p)) < 0)
             COUNT(cx, FLOW_TABLE_FULL, 1);
         else
             COUNT(cx, FLOWS_NEGOTIATED, 1);
@@ -525,7 +866,7 @@ static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_ke
     }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    if (nicd_flows_negotiate(k, h.isn, h.peer_isn) < 0)
+    if (nicd_flows_negotiate(k, h.isn, h.peer_isn, h.peer_mss) < 0)
         COUNT(cx, FLOW_TABLE_FULL, 1);
     else
         COUNT(cx, FLOWS_NEGOTIATED, 1);
@@ -603,7 +944,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     if (cx)
-        cx->raw_fd = cx->udp_fd = -1;
+        cx->raw_fd = cx->udp_fd = cx->ct_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -613,9 +954,16 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     }
     cx->cfg = cfg;
     cx->st = st;
-    if (cfg->gso && (cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0) {
+    /* gso sends through it; without gso it is only for a flow that gives up (give_up), and
+     * optional (CAP_NET_RAW) */
+    if ((cx->raw_fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0 && cfg->gso) {
         fail(err, errlen, "gso: cannot open a raw IP socket (needs CAP_NET_RAW)", errno);
         goto out;
+    }
+    /* optional: without it, the raw socket's packets keep the addresses the hook sees */
+    if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
+        struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+        setsockopt(cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     }
     if (cfg->gso && (cx->udp_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
         fail(err, errlen, "gso: cannot open a datagram socket", errno);
@@ -658,6 +1006,8 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     if (cx->raw_fd >= 0) { /* a few super-packets' worth */
         int rawsize = 4 << 20;
         setsockopt(cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize);
+        /* without it a raw socket reports a packet its qdisc dropped as sent */
+        setsockopt(cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one);
     }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];
@@ -706,6 +1056,8 @@ out:
         close(cx->raw_fd);
     if (cx && cx->udp_fd >= 0)
         close(cx->udp_fd);
+    if (cx && cx->ct_fd >= 0)
+        close(cx->ct_fd);
     free(rbuf);
     free(cx);
     return rc;

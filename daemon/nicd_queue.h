@@ -46,13 +46,16 @@ enum nicd_counter {
     NICD_C_TIER0, NICD_C_TIER8, NICD_C_TIER16, NICD_C_TIER32,
     NICD_C_GSO_SUPER_PACKETS, /* gso: super-packets (over the MTU) sent as compressed packets;
                                  those packets count in egress_compressed */
-    NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take (lost:
-                                 TCP retransmits them) */
+    NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take, or the
+                                 qdisc dropped (lost: TCP retransmits them) */
     NICD_C_INGRESS_MARKS_REWRITTEN, /* compressed packets that arrived without the compressed
                                        mark (the network rewrote the DSCP): restored all the same */
     NICD_C_FLOWS_MARKS_REWRITTEN,   /* negotiated flows seen so (each counted once) */
     NICD_C_CONFIRM_FAILED,    /* answered hellos given up after compressed packets that did not
                                  confirm them (wrong echo or ack: guessed, not the peer's) */
+    NICD_C_FLOWS_FELL_BACK,   /* negotiated flows whose compressed packets did not get through
+                                 (the same range sent NICD_RETX_LIMIT times): raw from then on */
+    NICD_C_EGRESS_RAW_FELL_BACK, /* tagged data of those flows, sent raw */
     NICD_NCOUNTERS
 };
 

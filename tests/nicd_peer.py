@@ -4,8 +4,8 @@
           listen, print "listening", accept one connection and append what arrives to FILE,
           flushing after every read (the test watches FILE grow), until the peer closes.
           --tos marks the listening socket (its SYN-ACKs) and so the accepted one.
-    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--pause-at N --go FILE] [--md5-peer IP]
-          connect (IP_TOS and TCP_MAXSEG set before connect), send FILE; with --pause-at, send
+    send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--mark N] [--pause-at N --go FILE] [--md5-peer IP]
+          connect (IP_TOS, TCP_MAXSEG and SO_MARK set before connect), send FILE; with --pause-at, send
           the first N bytes, print "paused", wait until the file --go exists, send the rest.
           Then half-close and wait for the receiver to close: exit 0 means all was delivered.
     craft --dst IP --kinds K1,K2,... --count N
@@ -89,6 +89,8 @@ def send(a):
     s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
     if a.mss:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
+    if a.mark is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, a.mark)
     s.settimeout(a.timeout)
     deadline = time.monotonic() + 10
     while True:
@@ -387,6 +389,7 @@ def main():
     s.add_argument("--data", required=True)
     s.add_argument("--tos", type=lambda t: int(t, 0), default=0x28)
     s.add_argument("--mss", type=int)
+    s.add_argument("--mark", type=int)
     s.add_argument("--pause-at", type=int)
     s.add_argument("--go")
     s.add_argument("--timeout", type=float, default=60)

@@ -117,7 +117,10 @@ class Transfer:
 
     _ports = itertools.count(5001)
 
-    def __init__(self, h_send, h_recv, data: bytes, tmp_path, *, tos=0x28, mss=None, pause_at=None, timeout=90):
+    def __init__(self, h_send, h_recv, data: bytes, tmp_path, *, tos=0x28, mss=None, pause_at=None, timeout=90,
+                 dest=None, mark=None):
+        """dest: the address the sender connects to (default h_recv's: another one reaches it
+        through a NAT); mark: the sending socket's SO_MARK."""
         self.port = next(self._ports)
         tmp_path = Path(tmp_path)
         self.src = tmp_path / f"send{self.port}.bin"
@@ -130,10 +133,12 @@ class Transfer:
         try:
             line = self.recv.stdout.readline()
             assert line.strip() == "listening", f"receiver did not start: {line!r} {self.recv.stderr.read()}"
-            argv = [PY, PEER, "send", "--host", h_recv.ip, "--port", self.port, "--data", self.src,
+            argv = [PY, PEER, "send", "--host", dest or h_recv.ip, "--port", self.port, "--data", self.src,
                     "--tos", hex(tos), "--timeout", timeout]
             if mss:
                 argv += ["--mss", mss]
+            if mark is not None:
+                argv += ["--mark", mark]
             if pause_at is not None:
                 argv += ["--pause-at", pause_at, "--go", self.go]
             self.send = h_send.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
