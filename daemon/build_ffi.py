@@ -13,23 +13,6 @@ def rel(*parts):
     return os.path.relpath(os.path.join(*parts), ROOT)
 
 
-def counter_names():
-    """The enum nicd_counter names, in order, read from the header (one source of truth)."""
-    names, inside = [], False
-    with open(os.path.join(HERE, "nicd_queue.h")) as f:
-        for line in f:
-            if "enum nicd_counter" in line:
-                inside = True
-            elif inside and "NICD_NCOUNTERS" in line:
-                return names
-            elif inside:
-                for part in line.split("/*")[0].split(","):
-                    part = part.strip()
-                    if part.startswith("NICD_C_"):
-                        names.append(part)
-    raise RuntimeError("enum nicd_counter not found")
-
-
 # Each header's declarations for cffi sit beside it in NAME.cdef, as for the codecs; constants
 # and array lengths are "...", so the C compiler supplies them from the headers.
 CDEF_FILES = [os.path.join(HERE, f"nicd_{name}.cdef") for name in ("packet", "flows", "queue")]

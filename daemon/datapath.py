@@ -6,11 +6,11 @@ import threading
 import time
 
 from ..errors import UserError
-from . import build_ffi
 from ._datapath import ffi, lib
 from .config import NicdConfig
 
-COUNTERS = [name[len("NICD_C_"):].lower() for name in build_ffi.counter_names()]
+# Named by the C side (the NICD_COUNTERS list in nicd_queue.h), in the order of struct nicd_stats.
+COUNTERS = [ffi.string(lib.nicd_counter_name(i)).decode().lower() for i in range(lib.NICD_NCOUNTERS)]
 
 
 class Datapath:
