@@ -107,6 +107,21 @@ static inline int cpu_has_avx2(void)
 #endif
 }
 
+/* Whether the CPU has the POPCNT instruction (asked once per codec). */
+static inline int cpu_has_popcnt(void)
+{
+#if CU_X86
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("popcnt") ? 1 : 0;
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
 /* The codecs' *_simd(enable) switch: sets *flag when enable >= 0, returns the previous value. */
 static inline int simd_switch(int *flag, int enable)
 {
