@@ -1,6 +1,7 @@
 """``inceptionn nicd``: the soft NIC daemon (control plane; the data path is C)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 from ..errors import UserError
 from . import config, rules
 from .datapath import Datapath
+from .settings import SETTINGS
 from .stats import StatsServer
 
 log = logging.getLogger("inceptionn.nicd")
@@ -133,6 +135,7 @@ def run(args) -> int:
     if os.geteuid() != 0:
         raise UserError("nicd needs root or CAP_NET_ADMIN to bind netfilter queues and install rules")
     config.check_interfaces(cfg)
+    loaded = dataclasses.replace(cfg)  # as written: a reload compares with this (gso may say "auto")
     cfg.gso = resolve_gso(cfg.gso)
 
     stop = threading.Event()
@@ -150,9 +153,7 @@ def run(args) -> int:
 
         def snapshot():
             return {"pid": os.getpid(), "uptime_s": time.monotonic() - dp.started,
-                    "config": {"interfaces": cfg.interfaces, "codec": cfg.codec, "error_bound": cfg.error_bound,
-                               "tos": cfg.tos, "tos_compressed": cfg.tos_compressed, "tos_hello": cfg.tos_hello,
-                               "queues": cfg.queues, "queue_base": cfg.queue_base, "gso": cfg.gso},
+                    "config": {s.name: getattr(cfg, s.name) for s in SETTINGS if s.stats},
                     "flows_active": flows["active"], "flows_expired": flows["expired"],
                     "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
 
@@ -171,7 +172,7 @@ def run(args) -> int:
                 return 1
             if reload_requested.is_set():
                 reload_requested.clear()
-                _reload(args, cfg, dp)
+                _reload(args, cfg, loaded, dp)
         log.info("stopping")
         return 0
     finally:
@@ -182,7 +183,7 @@ def run(args) -> int:
         dp.stop()
 
 
-def _reload(args, cfg, dp) -> None:
+def _reload(args, cfg, loaded, dp) -> None:
     try:
         new = config.load(Path(args.config) if args.config else None, overrides_from(args))
     except UserError as exc:
@@ -191,8 +192,7 @@ def _reload(args, cfg, dp) -> None:
     cfg.error_bound, cfg.log_level = new.error_bound, new.log_level
     dp.set_error_bound(new.error_bound)
     logging.getLogger("inceptionn").setLevel(new.log_level.upper())
-    changed = [k for k in ("interfaces", "tos", "tos_compressed", "tos_hello", "queues", "queue_base", "socket")
-               if getattr(new, k) != getattr(cfg, k)]
+    changed = [s.name for s in SETTINGS if not s.reload and getattr(new, s.name) != getattr(loaded, s.name)]
     log.info("reloaded: error bound 2^%d, log level %s%s", new.error_bound, new.log_level,
              f"; restart to apply {', '.join(changed)}" if changed else "")
 

@@ -242,3 +242,12 @@ def test_counter_names_come_from_the_c_list():
     assert len(ffi.new("struct nicd_stats *").c) == lib.NICD_NCOUNTERS
     assert COUNTERS[0] == "egress_packets" and "tier32" in COUNTERS
     assert ffi.NULL == lib.nicd_counter_name(lib.NICD_NCOUNTERS)
+
+
+def test_every_setting_the_c_loop_reads_has_its_field():
+    from inceptionn.daemon.settings import SETTINGS
+
+    fields = dict(ffi.typeof("struct nicd_config").fields)
+    wanted = {s.c_field for s in SETTINGS if s.c_field}
+    assert wanted == {"tos_tagged", "tos_compressed", "tos_hello", "error_bound", "queue_maxlen", "accept_only", "gso"}
+    assert wanted <= set(fields)
