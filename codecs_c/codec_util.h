@@ -92,14 +92,15 @@ static inline void pack_flush(struct packer *p)
     p->nbits = 0;
 }
 
-/* Whether the CPU has AVX2 (asked once per codec). */
-static inline int cpu_has_avx2(void)
+/* The CPU features the codecs dispatch on, asked once per codec: CU_AVX2 | CU_POPCNT. */
+enum { CU_AVX2 = 1, CU_POPCNT = 2 };
+static inline int cpu_features(void)
 {
 #if CU_X86
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
+        cached = (__builtin_cpu_supports("avx2") ? CU_AVX2 : 0) | (__builtin_cpu_supports("popcnt") ? CU_POPCNT : 0);
     }
     return cached;
 #else
@@ -107,19 +108,14 @@ static inline int cpu_has_avx2(void)
 #endif
 }
 
-/* Whether the CPU has the POPCNT instruction (asked once per codec). */
+static inline int cpu_has_avx2(void)
+{
+    return (cpu_features() & CU_AVX2) != 0;
+}
+
 static inline int cpu_has_popcnt(void)
 {
-#if CU_X86
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("popcnt") ? 1 : 0;
-    }
-    return cached;
-#else
-    return 0;
-#endif
+    return (cpu_features() & CU_POPCNT) != 0;
 }
 
 /* The codecs' *_simd(enable) switch: sets *flag when enable >= 0, returns the previous value. */
