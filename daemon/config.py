@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..limits import error_bound_problem
-from .settings import CODECS, LOG_LEVELS, SETTINGS  # noqa: F401 (CODECS, LOG_LEVELS: for importers)
+from .settings import CODECS, SETTINGS
 
 DEFAULT_PATH = Path("/etc/inceptionn/nicd.toml")
 
