@@ -2,16 +2,17 @@
 
 For each link (rate x MTU) a fresh 2-host testbed runs both daemons; every round sends the same
 stream of real gradient values twice: untagged (never queued: the link without the soft NIC)
-and tagged (compressed by the soft NICs). Reported: goodput of each, the compression ratio the
+and tagged (compressed by the soft NICs, in the daemon's default mode, gso: TSO super-packets in,
+MTU-sized compressed packets out; ``--no-gso`` measures the per-packet path instead). Reported: goodput of each, the compression ratio the
 daemons measured, the ideal (link rate x ratio) and how close the soft NIC gets to it, and the
 daemons' CPU. On an unshaped link: the data path's own ceiling beside an accept-only queue and
 no queue at all. With ``--flood PPS`` a third host sends the receiver spoofed hello SYNs
 (bench/synflood.py: random testbed sources, to the stream's port) during an extra tagged
 transfer each round: goodput under the flood beside the quiet one, and what the receiver's
-daemon counted. With --gso every link also runs the tagged stream with nicd --gso on both
-hosts (TSO super-packets compressed into MTU-sized packets, docs/wire-format.md), side by side
-with the per-packet path; for every mode the data packets that reached the receiver (an
-iptables counter on its wire side, before its daemon) are reported per MB of original payload.
+daemon counted. With --both the tagged stream runs per packet (nicd --no-gso) and then with
+nicd --gso on both hosts (docs/wire-format.md), side by side; for every mode the data packets
+that reached the receiver (an iptables counter on its wire side, before its daemon) are reported
+per MB of original payload.
 ``--queues 1,2`` runs the --gso stream once per queue count (nicd --queues N on both hosts: N
 queue pairs, one thread each, flows spread by hash) and ``--streams M`` sends M parallel streams
 in every transfer, so more than one queue has work. Each daemon's CPU time (all its threads, from
@@ -212,12 +213,17 @@ def stats_queues(sock: str) -> list[dict]:
 
 def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
                  error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0,
-                 gso: bool = False, queues: tuple = (1,), streams: int = 1, modes: bool = False) -> dict:
+                 path_gso: bool = True, gso: bool = False, queues: tuple = (1,), streams: int = 1,
+                 modes: bool = False) -> dict:
+    """``path_gso``: the tagged stream's daemons run gso (the default) or per packet; ``gso``:
+    then the gso runs over ``queues`` follow, beside the per-packet figures (--both); ``modes``:
+    raw input, sent once in each codec mode (the paper's mark and the scaled one)."""
     label = f"{rate or 'unshaped'} MTU {mtu}"
     log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged"
         + (f" + tagged under a {flood_pps:.0f} SYN/s flood" if flood_pps else "") + " ...")
     res = {"rate": rate, "mtu": mtu, "bytes": nbytes * reps, "raw_gbps": [], "nic_gbps": [], "accept_only_gbps": [],
-           "flood_gbps": [], "flood_pps": flood_pps, "flood_sent": 0, "gso_gbps": []}
+           "flood_gbps": [], "flood_pps": flood_pps, "flood_sent": 0, "gso_gbps": [],
+           "path": "gso" if path_gso else "per-packet"}
     for mode in ("raw", "nic", "gso"):
         res[mode + "_packets"] = res[mode + "_bytes"] = 0
     rate_bps = parse_rate(rate) if rate else None
@@ -227,7 +233,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         h1, h2 = tb.hosts[:2]
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
-        daemons = [stack.enter_context(nicd(h, s, error_bound, gso=False)) for h, s in zip((h1, h2), socks)]
+        daemons = [stack.enter_context(nicd(h, s, error_bound, gso=path_gso)) for h, s in zip((h1, h2), socks)]
         cpu0 = [cpu_seconds(d.pid) for d in daemons]
         busy = 0.0
         for r in range(rounds):
@@ -235,7 +241,8 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
             t0 = time.perf_counter()
             timed_transfer(h1, h2, path, reps, TOS_TAGGED, timeout, res, "nic", streams)
             busy += time.perf_counter() - t0
-            log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC {res['nic_gbps'][-1]:.3f} Gbit/s")
+            log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC ({res['path']}) "
+                f"{res['nic_gbps'][-1]:.3f} Gbit/s")
             if flood_pps:
                 if r == 0:
                     before_flood, before_flood_tx = read_stats(socks[1]), read_stats(socks[0])
@@ -278,6 +285,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     res["ratio"] = s1["egress_orig_bytes"] / max(1, s1["egress_wire_bytes"])
     res["compressed_share"] = s1["egress_orig_bytes"] / max(1, s1["egress_orig_bytes"] + s1["egress_raw_bytes"])
     res["restored_packets"] = s2["ingress_restored"]
+    res["super_packets"] = s1["gso_super_packets"]  # 0 per packet
     res["drops"] = {k: v for k, v in s2.items() if k.startswith("drop_") and v}
     res["sender_cpu"] = cpu[0] / busy if busy else 0.0   # fraction of one core while tagged runs
     res["receiver_cpu"] = cpu[1] / busy if busy else 0.0
@@ -301,7 +309,8 @@ def per_gb(x: dict) -> str:
 
 def print_report(r: dict) -> None:
     print(f"Soft NIC goodput: {r['values']:,} real gradient values ({r['input']}, HDC on {r['dataset']}), "
-          f"error bound 2^{r['error_bound']}; median of {r['rounds']} rounds [min-max]; Gbit/s of original payload")
+          f"error bound 2^{r['error_bound']}; soft NIC {r['path']} (nicd --{'gso' if r['path'] == 'gso' else 'no-gso'}); "
+          f"median of {r['rounds']} rounds [min-max]; Gbit/s of original payload")
     print(f"{'link':<22}{'untagged':>16}{'soft NIC':>20}{'ratio':>8}{'ideal':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
           f"{'CPU s/GB tx/rx':>16}")
     for x in r["links"]:
@@ -409,8 +418,10 @@ def run(args) -> int:
     x = gradient_sample(args.captures, data=dataset, seed=args.seed)
     if args.input == "scaled":
         x, _ = scaled_copy(x, 4, 65536)
+    path_gso = not (args.no_gso or args.both)  # --both: per packet first, then the gso runs
     report = {"dataset": dataset.name, "values": int(x.size), "input": args.input, "error_bound": args.error_bound,
-              "rounds": args.rounds, "streams": args.streams, "links": []}
+              "rounds": args.rounds, "streams": args.streams, "path": "gso" if path_gso else "per-packet",
+              "links": []}
     with tempfile.TemporaryDirectory(prefix="inceptionn-bench-nic-") as tmp:
         path = os.path.join(tmp, "stream.bin")
         x.astype(np.float32).tofile(path)
@@ -419,8 +430,8 @@ def run(args) -> int:
             reps = min(reps, 40)
             report["links"].append(measure_link(rate, mtu, path, x.nbytes, reps, args.rounds, args.error_bound,
                                                 tmp, accept_only_too=rate is None, flood_pps=args.flood,
-                                                gso=args.gso, queues=queues, streams=args.streams,
-                                                modes=args.input == "raw"))
+                                                path_gso=path_gso, gso=args.both, queues=queues,
+                                                streams=args.streams, modes=args.input == "raw"))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -454,10 +465,13 @@ def add_arguments(p) -> None:
     p.add_argument("--flood", type=float, default=0, metavar="PPS",
                    help="also measure each link while a third host sends PPS spoofed hello SYNs per second "
                    "to the receiver (e.g. 20000; default 0: no flood)")
-    p.add_argument("--gso", action="store_true",
-                   help="also run every link with nicd --gso (the GSO fast path) beside the per-packet path")
+    path = p.add_mutually_exclusive_group()
+    path.add_argument("--no-gso", action="store_true",
+                      help="measure the per-packet path (nicd --no-gso) instead of the daemons' default, gso")
+    path.add_argument("--both", action="store_true",
+                      help="per packet first, then every link again with nicd --gso, side by side")
     p.add_argument("--queues", default="1", metavar="N[,N...]",
-                   help="with --gso: run the --gso stream once per queue count, each daemon with --queues N "
+                   help="with --both: run the --gso stream once per queue count, each daemon with --queues N "
                    "(default 1)")
     p.add_argument("--streams", type=int, default=1, metavar="M",
                    help="parallel streams per transfer (default 1; flows spread over queues by hash)")

@@ -94,26 +94,39 @@ static inline void pack_flush(struct packer *p)
 }
 
 /* INCEPTIONN_CODEC_SIMD=off in the environment runs every codec's portable path, as on a CPU
- * without the extension: how the tests show both paths give the same bytes and values. */
+ * without the extensions: how the tests show both paths give the same bytes and values. */
 static inline int codec_simd_allowed(void)
 {
     const char *v = getenv("INCEPTIONN_CODEC_SIMD");
     return !(v && (strcmp(v, "off") == 0 || strcmp(v, "0") == 0));
 }
 
-/* Whether the CPU has AVX2 and SIMD is allowed (asked once per codec). */
-static inline int cpu_has_avx2(void)
+/* The CPU features the codecs dispatch on, asked once per codec: CU_AVX2 | CU_POPCNT (none when
+ * SIMD is not allowed). */
+enum { CU_AVX2 = 1, CU_POPCNT = 2 };
+static inline int cpu_features(void)
 {
 #if CU_X86
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && codec_simd_allowed() ? 1 : 0;
+        cached = !codec_simd_allowed() ? 0
+                 : (__builtin_cpu_supports("avx2") ? CU_AVX2 : 0) | (__builtin_cpu_supports("popcnt") ? CU_POPCNT : 0);
     }
     return cached;
 #else
     return 0;
 #endif
+}
+
+static inline int cpu_has_avx2(void)
+{
+    return (cpu_features() & CU_AVX2) != 0;
+}
+
+static inline int cpu_has_popcnt(void)
+{
+    return (cpu_features() & CU_POPCNT) != 0;
 }
 
 /* The codecs' *_simd(enable) switch: sets *flag when enable >= 0, returns the previous value. */

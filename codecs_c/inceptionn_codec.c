@@ -140,7 +140,9 @@ static inline uint32_t decode_field(uint32_t s, uint32_t f, unsigned w)
 
 /* Checks the group at in[0..avail) holding `lanes` values: its tag word, its padding lanes and
  * that it fits. Returns its byte length, or a negative status; *key_out gets the tag word. */
-static inline ptrdiff_t check_group(const uint8_t *in, size_t avail, size_t lanes, unsigned *key_out)
+/* always_inline: so that the POPCNT build of the stream histogram counts with the instruction. */
+static inline __attribute__((always_inline)) ptrdiff_t check_group(const uint8_t *in, size_t avail,
+                                                                   size_t lanes, unsigned *key_out)
 {
     if (avail < 2)
         return INC_E_TRUNCATED;
@@ -303,7 +305,11 @@ void inc_histogram(const float *in, size_t n, int k, uint64_t counts[4])
         counts[t] += c[t];
 }
 
-int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t counts[4])
+/* The stream histogram counts tags with popcount, which GCC compiles to a call into libgcc
+ * (__popcountdi2) unless the target has the POPCNT instruction: the body is built twice, for
+ * POPCNT and portably, and picked at run time. Integer counts: both builds agree bit for bit. */
+static inline __attribute__((always_inline)) int stream_histogram(const uint8_t *in, size_t len,
+                                                                  size_t n, uint64_t counts[4])
 {
     size_t groups = n / INC_LANES + (n % INC_LANES != 0), pos = 0;
     uint64_t c[4] = {0, 0, 0, 0};
@@ -326,4 +332,37 @@ int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t count
     for (int t = 0; t < 4; t++)
         counts[t] += c[t];
     return INC_OK;
+}
+
+static int stream_histogram_portable(const uint8_t *in, size_t len, size_t n, uint64_t counts[4])
+{
+    return stream_histogram(in, len, n, counts);
+}
+
+#if INC_X86
+__attribute__((target("popcnt"))) static int stream_histogram_popcnt(const uint8_t *in, size_t len,
+                                                                     size_t n, uint64_t counts[4])
+{
+    return stream_histogram(in, len, n, counts);
+}
+#endif
+
+int inc_stream_histogram_impl(const uint8_t *in, size_t len, size_t n, uint64_t counts[4], int impl)
+{
+    if (impl == INC_IMPL_AUTO)
+        impl = cpu_has_popcnt() ? INC_IMPL_AVX2 : INC_IMPL_SCALAR;
+    if (impl == INC_IMPL_AVX2 && !cpu_has_popcnt())
+        return INC_E_ARG;
+#if INC_X86
+    if (impl == INC_IMPL_AVX2)
+        return stream_histogram_popcnt(in, len, n, counts);
+#endif
+    if (impl != INC_IMPL_SCALAR)
+        return INC_E_ARG;
+    return stream_histogram_portable(in, len, n, counts);
+}
+
+int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t counts[4])
+{
+    return inc_stream_histogram_impl(in, len, n, counts, INC_IMPL_AUTO);
 }

@@ -76,6 +76,11 @@ void inc_reconstruct(const float *in, size_t n, int k, float *out);
  * with that tag among the first n. Same checks as inc_decode; returns INC_OK or a status. */
 int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t counts[4]);
 
+/* The same with the build chosen: INC_IMPL_SCALAR the portable one, INC_IMPL_AVX2 the one that
+ * counts with the POPCNT instruction (every AVX2 CPU has it; INC_E_ARG if this CPU has not),
+ * INC_IMPL_AUTO (what inc_stream_histogram does) POPCNT where the CPU has it. Same counts. */
+int inc_stream_histogram_impl(const uint8_t *in, size_t len, size_t n, uint64_t counts[4], int impl);
+
 const char *inc_strerror(int status);
 
 #ifdef __cplusplus

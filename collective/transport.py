@@ -94,7 +94,6 @@ class Conn:
         back = "control" if kind is Kind.CONTROL else "data"
         self.send_plane = kind.plane if initiator else back
         self.recv_plane = back if initiator else kind.plane
-        self.last_used = time.monotonic()
 
     def __repr__(self) -> str:
         return f"Conn({self.kind.name}, peer={self.peer}, tos={self.tos():#x})"
@@ -114,7 +113,6 @@ class Conn:
         except OSError as e:
             raise PeerClosed(f"rank {self.peer} is gone ({self.kind.name} connection: {e})") from None
         self.counters.add(self.send_plane, sent=view.nbytes)
-        self.last_used = time.monotonic()
 
     def recv_into(self, buf) -> None:
         """Fill ``buf`` (any writable buffer) completely."""
@@ -134,7 +132,6 @@ class Conn:
         except OSError as e:
             raise PeerClosed(f"rank {self.peer} is gone ({self.kind.name} connection: {e})") from None
         self.counters.add(self.recv_plane, received=n)
-        self.last_used = time.monotonic()
 
     def recv_bytes(self, n: int) -> bytearray:
         buf = bytearray(n)

@@ -5,12 +5,6 @@ import json
 import sys
 import time
 
-from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
-
-# Not imported from config.py (dataclasses and tomllib would slow every command's start);
-# tests/test_cli.py checks the defaults the help texts name against NicdConfig.
-LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_SOCKET = "/run/inceptionn/nicd.sock"
 
 
 def _whole_number(text: str) -> int:
@@ -44,50 +38,11 @@ def register(sub) -> None:
                        "compressed packets stays, so none reaches an application while it is down, "
                        "until --uninstall. SIGHUP reloads error_bound and log_level.")
     p.add_argument("--config", metavar="PATH", help="TOML config file (default /etc/inceptionn/nicd.toml if present)")
-    p.add_argument("-i", "--interface", action="append", metavar="IFACE", help="interface to manage (repeatable)")
-    p.add_argument("--tos", type=_whole_number, metavar="BYTE",
-                   help="the gradient mark of senders that scale their values themselves (the paper's codec; "
-                        "the collective), as a ToS byte (default 0x28, DSCP 10)")
-    p.add_argument("--tos-scaled", type=_whole_number, metavar="BYTE",
-                   help="the gradient mark of senders of raw float32 values, the shim's default: each packet "
-                        "is scaled by a power of two (default 0x24, DSCP 9)")
-    p.add_argument("--tos-compressed", type=_whole_number, metavar="BYTE",
-                   help="the mark of compressed packets on the wire (default 0x2c, DSCP 11)")
-    p.add_argument("--tos-hello", type=_whole_number, metavar="BYTE",
-                   help="the mark on SYN / SYN-ACK that says 'soft NIC here' (default 0x30, DSCP 12)")
-    p.add_argument("--codec", help="codec (default inceptionn, the only one that works per packet)")
-    p.add_argument("--error-bound", type=_whole_number, metavar="K",
-                   help=f"error bound 2^K, K from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX} (default -10)")
-    p.add_argument("--queues", type=_whole_number, metavar="N", help="queue pairs, one thread each (default 1)")
-    p.add_argument("--queue-base", type=_whole_number, metavar="Q",
-                   help="first NFQUEUE number: egress Q..Q+N-1, ingress the next N (default 7100)")
-    p.add_argument("--queue-maxlen", type=_whole_number, metavar="PACKETS",
-                   help="packets each kernel queue holds before it drops (default 4096)")
-    p.add_argument("--flow-timeout", type=_whole_number, metavar="SECONDS",
-                   help="seconds a flow may idle before its state is dropped (default 300)")
-    p.add_argument("--flow-capacity", type=_whole_number, metavar="FLOWS",
-                   help="flows the flow table holds (default 65536)")
-    p.add_argument("--log-level", choices=LOG_LEVELS, help="what the daemon logs (default info)")
-    p.add_argument("--socket", metavar="PATH", help=f"stats socket (default {DEFAULT_SOCKET})")
-    p.add_argument("--metrics-textfile", metavar="PATH",
-                   help="write the counters to PATH (*.prom, in node_exporter's textfile collector directory) "
-                   "every --metrics-interval seconds, atomically; removed on stop (default: none)")
-    p.add_argument("--metrics-interval", type=_whole_number, metavar="SECONDS",
-                   help="seconds between two writes of --metrics-textfile (default 15)")
+    p.defer(_add_setting_flags)  # from settings.py, which reads the marks through cffi
     p.add_argument("--check", action="store_true",
                    help="validate the config file and flags, print the effective config and exit "
                    "(0: the daemon would start with it; needs no root)")
     p.add_argument("--json", action="store_true", help="with --check: print the config as JSON")
-    p.add_argument("--accept-only", action="store_true",
-                   help="diagnostic: queue tagged packets both ways and accept them unchanged "
-                   "(measures the queue's own cost; compresses nothing)")
-    gso = p.add_mutually_exclusive_group()
-    gso.add_argument("--gso", action="store_true",
-                     help="fast path: take TSO/GSO super-packets (up to 64 KB) on egress and send each as the "
-                     "fewest compressed packets that fit the path MTU; refuse to start without CAP_NET_RAW "
-                     "(default: gso = \"auto\", on when the daemon has CAP_NET_RAW, else per packet)")
-    gso.add_argument("--no-gso", action="store_true",
-                     help="compress packet by packet, as the kernel segments them (gso = false)")
     once = p.add_mutually_exclusive_group()
     once.add_argument("--cleanup", action="store_true",
                       help="remove the queue rules of every nicd that no longer runs (after a stop or a crash) "
@@ -101,8 +56,7 @@ def register(sub) -> None:
                        description="Print the counters of a running nicd, read from its stats socket: "
                        "totals, and one line per queue pair where the daemon reports them; or every counter as "
                        "JSON, OpenMetrics or Prometheus text (--format).")
-    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
-                   help=f"the daemon's stats socket (default {DEFAULT_SOCKET})")
+    s.defer(_add_socket_flag)
     s.add_argument("--json", action="store_true",
                    help="print the raw counters as JSON (with --watch: one document per line); "
                    "the same as --format json")
@@ -113,6 +67,35 @@ def register(sub) -> None:
     s.add_argument("--watch", type=_seconds, metavar="SECONDS",
                    help="print again every SECONDS until Ctrl-C (default: once)")
     s.set_defaults(func=_stats)
+
+
+def _add_setting_flags(p) -> None:
+    """A flag for every setting (settings.SETTINGS), its default in its help."""
+    from .settings import SETTINGS, shown
+
+    for s in SETTINGS:
+        flag = "--" + s.name.replace("_", "-")
+        if s.kind == "list":
+            p.add_argument("-i", "--interface", action="append", metavar=s.metavar, help=s.help)
+        elif s.kind == "switch":
+            p.add_argument(flag, action="store_true", help=s.help)
+        elif s.kind == "gso":
+            gso = p.add_mutually_exclusive_group()
+            gso.add_argument(flag, action="store_true", help=s.help)
+            gso.add_argument("--no-" + s.name, action="store_true",
+                             help="compress packet by packet, as the kernel segments them (gso = false)")
+        else:
+            kw = {"choices": s.choices} if s.kind == "choice" else {"metavar": s.metavar}
+            if s.kind in ("int", "mark"):
+                kw["type"] = _whole_number
+            p.add_argument(flag, help=f"{s.help} (default {shown(s)})", **kw)
+
+
+def _add_socket_flag(p) -> None:
+    from .settings import DEFAULT_SOCKET
+
+    p.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
+                   help=f"the daemon's stats socket (default {DEFAULT_SOCKET})")
 
 
 def _nicd(args) -> int:

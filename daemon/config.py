@@ -9,40 +9,17 @@ import json
 import re
 import socket
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
 from ..limits import error_bound_problem
-from ..shim import contract
+from .settings import CODECS, SETTINGS
 
 DEFAULT_PATH = Path("/etc/inceptionn/nicd.toml")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-CODECS = ("inceptionn",)  # codecs that are stateless per packet (see docs/soft-nic.md)
 
 
-@dataclass
-class NicdConfig:
-    interfaces: list[str] = field(default_factory=list)
-    # the marks' defaults: shim/inceptionn_contract.h
-    tos: int = contract.TOS_TAGGED                  # a sender's mark for the paper's codec (DSCP 10)
-    tos_scaled: int = contract.TOS_SCALED           # ... for the per-packet scaled codec (DSCP 9), the shim's default
-    tos_compressed: int = contract.TOS_COMPRESSED   # DSCP 11 on the wire: payload compressed
-    tos_hello: int = contract.TOS_HELLO             # DSCP 12 on SYN / SYN-ACK: "soft NIC here"
-    codec: str = "inceptionn"
-    error_bound: int = -10
-    queues: int = 1             # queue pairs, one thread each
-    queue_base: int = contract.QUEUE_BASE  # egress queues base.., ingress queues base+queues..
-    queue_maxlen: int = 4096
-    flow_timeout: int = 300     # seconds a flow may idle before its state is dropped
-    flow_capacity: int = 65536
-    log_level: str = "info"
-    socket: str = "/run/inceptionn/nicd.sock"
-    accept_only: bool = False   # diagnostic: queue tagged packets both ways, accept unchanged
-    gso: bool | str = "auto"    # egress takes GSO super-packets whole (docs/wire-format.md);
-                                # "auto": when the daemon may open a raw socket (CAP_NET_RAW)
-    metrics_textfile: str = ""  # counters for node_exporter's textfile collector ("": none),
-    metrics_interval: int = 15  # rewritten every this many seconds (docs/deploy.md, "Metrics")
+class _Config:
+    """NicdConfig's methods; its fields, defaults and ranges come from settings.SETTINGS."""
 
     @property
     def egress_queues(self) -> range:
@@ -66,7 +43,7 @@ class NicdConfig:
             if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name):
                 bad("interfaces", f"{name!r} is not an interface name")
         marks = {}
-        for key in ("tos", "tos_scaled", "tos_compressed", "tos_hello"):
+        for key in (s.name for s in SETTINGS if s.kind == "mark"):
             v = getattr(self, key)
             if not _is_int(v) or not 0 <= v <= 0xFF or v & 3:
                 bad(key, f"must be a ToS byte with the ECN bits clear (0x00-0xfc, multiple of 4), got {v!r}")
@@ -81,30 +58,22 @@ class NicdConfig:
             bad("codec", f"{self.codec!r} cannot run per packet in the NIC; choose one of {', '.join(CODECS)}")
         if problem := error_bound_problem(self.error_bound):
             bad("error_bound", problem)
-        if not _is_int(self.queues) or not 1 <= self.queues <= 64:
-            bad("queues", f"must be 1 to 64, got {self.queues!r}")
-        if not _is_int(self.queue_base) or not 0 <= self.queue_base <= 65535 - 2 * 64:
-            bad("queue_base", f"must be 0 to {65535 - 128}, got {self.queue_base!r}")
-        for key, lo, hi in (("queue_maxlen", 16, 1 << 20), ("flow_timeout", 1, 86400 * 7),
-                            ("flow_capacity", 64, 1 << 24)):
-            v = getattr(self, key)
-            if not _is_int(v) or not lo <= v <= hi:
-                bad(key, f"must be an integer from {lo} to {hi}, got {v!r}")
-        if self.log_level not in LOG_LEVELS:
-            bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        if not isinstance(self.accept_only, bool):
-            bad("accept_only", f"must be true or false, got {self.accept_only!r}")
-        if not isinstance(self.gso, bool) and self.gso != "auto":
-            bad("gso", f"must be true, false or \"auto\", got {self.gso!r}")
-        if not isinstance(self.socket, str) or not self.socket.startswith("/"):
-            bad("socket", f"must be an absolute path, got {self.socket!r}")
-        if not isinstance(self.metrics_textfile, str) or self.metrics_textfile and not (
-                self.metrics_textfile.startswith("/") and self.metrics_textfile.endswith(".prom")):
-            # node_exporter reads only *.prom files of its directory
-            bad("metrics_textfile", "must be \"\" (none) or an absolute path ending in .prom, "
-                f"got {self.metrics_textfile!r}")
-        if not _is_int(self.metrics_interval) or not 1 <= self.metrics_interval <= 3600:
-            bad("metrics_interval", f"must be an integer from 1 to 3600, got {self.metrics_interval!r}")
+        for s in SETTINGS:
+            v = getattr(self, s.name)
+            if s.kind == "int" and s.name != "error_bound" and (  # error_bound: its own words above
+                    not _is_int(v) or not s.lo <= v <= s.hi):
+                bad(s.name, f"must be an integer from {s.lo} to {s.hi}, got {v!r}")
+            if s.kind == "choice" and s.name != "codec" and v not in s.choices:  # codec: above
+                bad(s.name, f"must be one of {', '.join(s.choices)}, got {v!r}")
+            if s.kind == "switch" and not isinstance(v, bool):
+                bad(s.name, f"must be true or false, got {v!r}")
+            if s.kind == "gso" and not isinstance(v, bool) and v != "auto":
+                bad(s.name, f"must be true, false or \"auto\", got {v!r}")
+            if s.kind == "path" and (not isinstance(v, str) or not v.startswith("/")):
+                bad(s.name, f"must be an absolute path, got {v!r}")
+            if s.kind == "textfile" and (not isinstance(v, str) or v and not (v.startswith("/") and v.endswith(".prom"))):
+                # node_exporter reads only *.prom files of its directory
+                bad(s.name, f"must be \"\" (none) or an absolute path ending in .prom, got {v!r}")
         return self
 
 
@@ -112,7 +81,15 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-FIELDS = {f.name for f in dataclasses.fields(NicdConfig)}
+NicdConfig = dataclasses.make_dataclass(
+    "NicdConfig",
+    [(s.name, list if s.kind == "list" else object,
+      dataclasses.field(default_factory=list) if s.kind == "list" else dataclasses.field(default=s.default))
+     for s in SETTINGS],
+    bases=(_Config,))
+NicdConfig.__module__ = __name__
+NicdConfig.__doc__ = "nicd's settings, one field per entry of settings.SETTINGS, in that order."
+FIELDS = {s.name for s in SETTINGS}
 
 
 def file_in_use(path: Path | None) -> Path | None:
@@ -126,9 +103,16 @@ def overrides_from(args) -> dict:
     """The settings given as ``inceptionn nicd`` flags, None where a flag was not given. Every
     key has a flag, --key-with-dashes (interfaces: -i/--interface, repeatable), so that settings
     come from the file or flags alike."""
-    values = {key: getattr(args, "interface" if key == "interfaces" else key) for key in sorted(FIELDS)}
-    values["accept_only"] = args.accept_only or None  # absent is "not given"
-    values["gso"] = True if args.gso else False if args.no_gso else None
+    values = {}
+    for s in SETTINGS:
+        if s.kind == "list":
+            values[s.name] = getattr(args, "interface")
+        elif s.kind == "switch":
+            values[s.name] = getattr(args, s.name) or None  # absent is "not given"
+        elif s.kind == "gso":
+            values[s.name] = True if args.gso else False if args.no_gso else None
+        else:
+            values[s.name] = getattr(args, s.name)
     return values
 
 

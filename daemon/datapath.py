@@ -6,11 +6,12 @@ import threading
 import time
 
 from ..errors import UserError
-from . import build_ffi
 from ._datapath import ffi, lib
 from .config import NicdConfig
+from .settings import SETTINGS
 
-COUNTERS = [name[len("NICD_C_"):].lower() for name in build_ffi.counter_names()]
+# Named by the C side (the NICD_COUNTERS list in nicd_queue.h), in the order of struct nicd_stats.
+COUNTERS = [ffi.string(lib.nicd_counter_name(i)).decode().lower() for i in range(lib.NICD_NCOUNTERS)]
 
 
 class Datapath:
@@ -22,12 +23,9 @@ class Datapath:
         for egress, ingress in zip(cfg.egress_queues, cfg.ingress_queues):
             c = ffi.new("struct nicd_config *")
             c.egress_queue, c.ingress_queue = egress, ingress
-            c.tos_tagged, c.tos_compressed, c.tos_hello = cfg.tos, cfg.tos_compressed, cfg.tos_hello
-            c.tos_scaled = cfg.tos_scaled
-            c.error_bound = cfg.error_bound
-            c.queue_maxlen = cfg.queue_maxlen
-            c.accept_only = int(cfg.accept_only)
-            c.gso = int(cfg.gso)
+            for s in SETTINGS:  # the settings the C loop reads (gso resolved to true or false by now)
+                if s.c_field:
+                    setattr(c, s.c_field, int(getattr(cfg, s.name)))
             st = ffi.new("struct nicd_stats *")
             err = ffi.new("char[256]")
             self._workers.append({"cfg": c, "stats": st, "err": err, "rc": None, "thread": None})

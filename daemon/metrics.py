@@ -4,7 +4,7 @@ prometheus``; what node_exporter's textfile collector parses, which the daemon w
 ``metrics_textfile``).
 
 Every counter of the stats snapshot is exported, whatever its name: the C data path's list
-(daemon/nicd_queue.h, enum nicd_counter) is the only list, and its comments are the HELP texts.
+(daemon/nicd_queue.h, NICD_COUNTERS) is the only list, and its help strings are the HELP texts.
 Each queue pair's counters are one series, labelled with its two queue numbers; the daemon's
 totals are their sum (``sum without (egress_queue, ingress_queue) (...)``), so no total series
 is exported to be counted twice.
@@ -22,9 +22,10 @@ CONTENT_TYPES = {"openmetrics": "application/openmetrics-text; version=1.0.0; ch
 
 
 def _help_texts() -> dict[str, str]:
-    from .build_ffi import counter_docs
+    from ._datapath import ffi, lib
 
-    return {name[len("NICD_C_"):].lower(): doc for name, doc in counter_docs()}
+    return {ffi.string(lib.nicd_counter_name(i)).decode().lower(): ffi.string(lib.nicd_counter_help(i)).decode()
+            for i in range(lib.NICD_NCOUNTERS)}
 
 
 def _escape(value: str) -> str:

@@ -1,6 +1,7 @@
 """``inceptionn nicd``: the soft NIC daemon (control plane; the data path is C)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 from ..errors import UserError
 from . import config, metrics, rules, stats
 from .datapath import Datapath
+from .settings import SETTINGS
 from .stats import StatsServer
 
 log = logging.getLogger("inceptionn.nicd")
@@ -150,6 +152,7 @@ def run(args) -> int:
     stats.check_path(cfg.socket)  # before any rule: a wrong path costs nothing to refuse
     if cfg.metrics_textfile:
         metrics.check_textfile(cfg.metrics_textfile)
+    loaded = dataclasses.replace(cfg)  # as written: a reload compares with this (gso may say "auto")
     cfg.gso = resolve_gso(cfg.gso)
 
     stop = threading.Event()
@@ -175,10 +178,7 @@ def run(args) -> int:
 
         def snapshot():
             return {"pid": os.getpid(), "uptime_s": time.monotonic() - dp.started,
-                    "config": {"interfaces": cfg.interfaces, "codec": cfg.codec, "error_bound": cfg.error_bound,
-                               "tos": cfg.tos, "tos_scaled": cfg.tos_scaled, "tos_compressed": cfg.tos_compressed,
-                               "tos_hello": cfg.tos_hello,
-                               "queues": cfg.queues, "queue_base": cfg.queue_base, "gso": cfg.gso},
+                    "config": {s.name: getattr(cfg, s.name) for s in SETTINGS if s.stats},
                     "flows_active": flows["active"], "flows_expired": flows["expired"],
                     "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
 
@@ -202,7 +202,7 @@ def run(args) -> int:
                 break
             if reload_requested.is_set():
                 reload_requested.clear()
-                _reload(args, cfg, dp)
+                _reload(args, cfg, loaded, dp)
         else:
             log.info("stopping")
             rc = 0
@@ -262,7 +262,7 @@ class Textfile:
         self.failing = False
 
 
-def _reload(args, cfg, dp) -> None:
+def _reload(args, cfg, loaded, dp) -> None:
     try:
         new = config.load(Path(args.config) if args.config else None, overrides_from(args))
     except UserError as exc:
@@ -271,9 +271,7 @@ def _reload(args, cfg, dp) -> None:
     cfg.error_bound, cfg.log_level = new.error_bound, new.log_level
     dp.set_error_bound(new.error_bound)
     logging.getLogger("inceptionn").setLevel(new.log_level.upper())
-    changed = [k for k in ("interfaces", "tos", "tos_scaled", "tos_compressed", "tos_hello", "queues", "queue_base",
-                           "socket", "metrics_textfile", "metrics_interval")
-               if getattr(new, k) != getattr(cfg, k)]
+    changed = [s.name for s in SETTINGS if not s.reload and getattr(new, s.name) != getattr(loaded, s.name)]
     log.info("reloaded: error bound 2^%d, log level %s%s", new.error_bound, new.log_level,
              f"; restart to apply {', '.join(changed)}" if changed else "")
 

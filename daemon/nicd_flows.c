@@ -45,19 +45,21 @@ static volatile uint32_t hello_used;
 static pthread_mutex_t hello_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint8_t table_key[16], nonce_key[16];
+static uint32_t clock_ahead_ms; /* 0 but in the unit test: nicd_flows_test_advance() */
 
 static uint32_t now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint32_t)((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+    return (uint32_t)((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 +
+                      __atomic_load_n(&clock_ahead_ms, __ATOMIC_RELAXED));
 }
 
 static uint32_t now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint32_t)ts.tv_sec;
+    return (uint32_t)ts.tv_sec + __atomic_load_n(&clock_ahead_ms, __ATOMIC_RELAXED) / 1000;
 }
 
 /* ---- SipHash-2-4 (Aumasson and Bernstein), over short inputs ------------------------------- */
@@ -472,4 +474,39 @@ uint32_t nicd_flows_expire(uint32_t *active, uint32_t *in_flight)
         *in_flight = hello_used;
     pthread_mutex_unlock(&hello_lock);
     return n;
+}
+
+/* ---- for tests/test_nicd_flows.py --------------------------------------------------------- */
+
+uint64_t nicd_flows_test_siphash(const uint8_t key[16], const uint8_t *in, size_t len)
+{
+    return siphash(key, in, len);
+}
+
+void nicd_flows_test_keys(const uint8_t table[16], const uint8_t nonce[16])
+{
+    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&hello_lock);
+    memcpy(table_key, table, 16);
+    memcpy(nonce_key, nonce, 16);
+    pthread_mutex_unlock(&hello_lock);
+    pthread_mutex_unlock(&lock);
+}
+
+void nicd_flows_test_advance(uint32_t ms)
+{
+    __atomic_fetch_add(&clock_ahead_ms, ms, __ATOMIC_RELAXED);
+}
+
+int64_t nicd_flows_test_slot(const struct nicd_flow_key *k)
+{
+    int64_t at = -1;
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (slots[i].used)
+            at = i;
+    }
+    pthread_mutex_unlock(&lock);
+    return at;
 }

@@ -14,6 +14,7 @@
 #ifndef NICD_FLOWS_H
 #define NICD_FLOWS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nicd_packet.h"
@@ -128,5 +129,13 @@ uint32_t nicd_hello_count(void);
 /* Drop flows and hellos idle past their timeouts; returns how many flows. Active (negotiated)
  * flows in *active, hellos in flight in *hellos (either may be NULL). */
 uint32_t nicd_flows_expire(uint32_t *active, uint32_t *hellos);
+
+/* For the unit test (tests/test_nicd_flows.py) only: SipHash-2-4 itself; set the keys (once the
+ * table is empty: entries already in it stay where the old key put them); move the tables'
+ * clock ahead; the slot a negotiated flow sits in (-1: none). */
+uint64_t nicd_flows_test_siphash(const uint8_t key[16], const uint8_t *in, size_t len);
+void nicd_flows_test_keys(const uint8_t table[16], const uint8_t nonce[16]);
+void nicd_flows_test_advance(uint32_t ms);
+int64_t nicd_flows_test_slot(const struct nicd_flow_key *k);
 
 #endif

@@ -9,55 +9,80 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Counters, in this order; daemon/datapath.py names them. */
-enum nicd_counter {
-    NICD_C_EGRESS_PACKETS,    /* tagged or handshake packets seen on egress */
-    NICD_C_EGRESS_COMPRESSED, /* sent compressed */
-    NICD_C_EGRESS_ORIG_BYTES, /* payload bytes of the packets sent compressed, before */
-    NICD_C_EGRESS_WIRE_BYTES, /* ... and after compression (shim header included) */
-    NICD_C_EGRESS_RAW_NOT_NEGOTIATED, /* tagged data of a flow without both soft NICs: raw */
-    NICD_C_EGRESS_RAW_NOT_SMALLER,    /* compressed form not smaller: raw */
-    NICD_C_EGRESS_RAW_SHORT,          /* no whole float in the payload (or none at all): raw */
-    NICD_C_EGRESS_RAW_BYTES,          /* payload bytes of tagged packets sent raw */
-    NICD_C_HELLO_SENT,        /* our SYN / SYN-ACK left with the hello option */
-    NICD_C_HELLO_RECEIVED,    /* a peer's SYN / SYN-ACK arrived with it (option removed) */
-    NICD_C_FLOWS_NEGOTIATED,  /* initiator: a matching answer; answerer: the first compressed
-                                 packet of a flow it answered */
-    NICD_C_FLOW_TABLE_FULL,
-    NICD_C_HELLO_NO_ROOM,     /* no 16 bytes left in the TCP header (or a SYN with data): raw */
-    NICD_C_HELLO_WITHOUT_OPTION, /* handshake marked tos_hello without our option (a reflected
-                                    or AF12 mark, not a soft NIC): passed untouched, raw */
-    NICD_C_HELLO_MISMATCH,    /* the peer's soft NIC has other settings: raw */
-    NICD_C_HELLO_UNMATCHED,   /* an answer to no hello of ours (wrong nonce, ack != ISN+1,
-                                 unknown or already answered flow): raw */
-    NICD_C_HELLO_EVICTED,     /* a half-open hello pushed out of the full hello table */
-    NICD_C_INGRESS_PACKETS,
-    NICD_C_INGRESS_RESTORED,
-    NICD_C_INGRESS_WIRE_BYTES,
-    NICD_C_INGRESS_ORIG_BYTES,
-    NICD_C_DROP_MALFORMED,    /* not parseable as IPv4/TCP although marked compressed */
-    NICD_C_DROP_CHECKSUM,
-    NICD_C_DROP_HEADER,
-    NICD_C_DROP_CRC,
-    NICD_C_DROP_DECODE,
-    NICD_C_DROP_TOO_BIG,
-    NICD_C_VERDICT_ERRORS,
-    NICD_C_RECV_ENOBUFS,      /* the kernel dropped queue messages we could not read in time */
-    NICD_C_TIER0, NICD_C_TIER8, NICD_C_TIER16, NICD_C_TIER32,
-    NICD_C_GSO_SUPER_PACKETS, /* gso: super-packets (over the MTU) sent as compressed packets;
-                                 those packets count in egress_compressed */
-    NICD_C_GSO_SEND_ERRORS,   /* gso: compressed packets the raw socket did not take, or the
-                                 qdisc dropped (lost: TCP retransmits them) */
-    NICD_C_INGRESS_MARKS_REWRITTEN, /* compressed packets that arrived without the compressed
-                                       mark (the network rewrote the DSCP): restored all the same */
-    NICD_C_FLOWS_MARKS_REWRITTEN,   /* negotiated flows seen so (each counted once) */
-    NICD_C_CONFIRM_FAILED,    /* answered hellos given up after compressed packets that did not
-                                 confirm them (wrong echo or ack: guessed, not the peer's) */
-    NICD_C_FLOWS_FELL_BACK,   /* negotiated flows whose compressed packets did not get through
-                                 (the same range sent NICD_RETX_LIMIT times): raw from then on */
-    NICD_C_EGRESS_RAW_FELL_BACK, /* tagged data of those flows, sent raw */
-    NICD_NCOUNTERS
-};
+/* The counters, in this order: one list gives the enum (NICD_C_<NAME>), the names Python reads
+ * through nicd_counter_name() ("EGRESS_PACKETS", shown as egress_packets) and the one-line help
+ * (nicd_counter_help(), the HELP of the metrics), so a counter is added here and nowhere else. */
+#define NICD_COUNTERS(X)                                                                         \
+    X(EGRESS_PACKETS, "tagged or handshake packets seen on egress")                              \
+    X(EGRESS_COMPRESSED, "packets sent compressed")                                              \
+    X(EGRESS_ORIG_BYTES, "payload bytes of the packets sent compressed, before compression")     \
+    X(EGRESS_WIRE_BYTES, "payload bytes of the packets sent compressed, after compression "      \
+                         "(shim header included)")                                               \
+    X(EGRESS_RAW_NOT_NEGOTIATED, "tagged data packets of flows without both soft NICs, sent raw") \
+    X(EGRESS_RAW_NOT_SMALLER, "tagged data packets whose compressed form was not smaller, sent raw") \
+    X(EGRESS_RAW_SHORT, "tagged data packets without a whole float, sent raw")                   \
+    X(EGRESS_RAW_BYTES, "payload bytes of tagged packets sent raw")                              \
+    X(HELLO_SENT, "our SYN or SYN-ACK left with the hello option")                               \
+    X(HELLO_RECEIVED, "a peer's SYN or SYN-ACK arrived with the hello option (removed)")         \
+    X(FLOWS_NEGOTIATED, "flows negotiated (initiator: a matching answer; answerer: the first "   \
+                        "compressed packet of a flow it answered)")                              \
+    X(FLOW_TABLE_FULL, "negotiated flows left raw because the flow table was full")              \
+    X(HELLO_NO_ROOM, "handshakes without 16 bytes left in the TCP header (or a SYN with data), " \
+                     "left raw")                                                                 \
+    X(HELLO_WITHOUT_OPTION, "handshakes with the hello mark but without our option (a reflected " \
+                            "or AF12 mark, not a soft NIC), passed untouched")                   \
+    X(HELLO_MISMATCH, "peers whose soft NIC has other settings, left raw")                       \
+    X(HELLO_UNMATCHED, "answers to no hello of ours (wrong nonce, ack, unknown or already "      \
+                       "answered flow), left raw")                                               \
+    X(HELLO_EVICTED, "half-open hellos pushed out of the full hello table")                      \
+    X(INGRESS_PACKETS, "packets seen on ingress")                                                \
+    X(INGRESS_RESTORED, "compressed packets restored")                                           \
+    X(INGRESS_WIRE_BYTES, "payload bytes of the restored packets as they arrived")               \
+    X(INGRESS_ORIG_BYTES, "payload bytes of the restored packets after restoring")               \
+    X(DROP_MALFORMED, "packets marked compressed but not parseable as IPv4/TCP, dropped")        \
+    X(DROP_CHECKSUM, "compressed packets whose TCP checksum was not the compressed mark, dropped") \
+    X(DROP_HEADER, "compressed packets with a malformed shim header, dropped")                   \
+    X(DROP_CRC, "compressed packets whose CRC32C did not match (corrupted in transit), dropped") \
+    X(DROP_DECODE, "compressed packets whose group stream did not decode, dropped")              \
+    X(DROP_TOO_BIG, "compressed packets that would restore past the largest verdict, dropped")   \
+    X(VERDICT_ERRORS, "verdicts the kernel refused")                                             \
+    X(RECV_ENOBUFS, "times the kernel dropped queue messages not read in time")                  \
+    X(TIER0, "values sent in the 0-bit tier") X(TIER8, "values sent in the 8-bit tier")          \
+    X(TIER16, "values sent in the 16-bit tier") X(TIER32, "values sent uncompressed (32 bits)")  \
+    X(GSO_SUPER_PACKETS, "gso: super-packets sent as compressed packets (which count in "        \
+                         "egress_compressed)")                                                   \
+    X(GSO_SEND_ERRORS, "gso: compressed packets the raw socket did not take or the qdisc "       \
+                       "dropped (lost: TCP retransmits them)")                                   \
+    X(INGRESS_MARKS_REWRITTEN, "compressed packets that arrived without the compressed mark (the " \
+                               "network rewrote the DSCP), restored all the same")               \
+    X(FLOWS_MARKS_REWRITTEN, "negotiated flows whose compressed packets arrived with a rewritten " \
+                             "DSCP (each counted once)")                                         \
+    X(CONFIRM_FAILED, "answered hellos given up after compressed packets that did not confirm "  \
+                      "them (wrong echo or ack: guessed, not the peer's)")                       \
+    X(FLOWS_FELL_BACK, "negotiated flows whose compressed packets did not get through, raw "     \
+                       "from then on")                                                           \
+    X(EGRESS_RAW_FELL_BACK, "tagged data packets of those flows, sent raw")
+
+#define NICD_C_ENUM_(name, help) NICD_C_##name,
+enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };
+
+/* The counter's name without NICD_C_ ("EGRESS_PACKETS"), NULL past the last. */
+static inline const char *nicd_counter_name(unsigned i)
+{
+#define NICD_C_NAME_(name, help) #name,
+    static const char *const names[] = {NICD_COUNTERS(NICD_C_NAME_)};
+#undef NICD_C_NAME_
+    return i < NICD_NCOUNTERS ? names[i] : NULL;
+}
+
+/* Its one-line help, NULL past the last. */
+static inline const char *nicd_counter_help(unsigned i)
+{
+#define NICD_C_HELP_(name, help) help,
+    static const char *const helps[] = {NICD_COUNTERS(NICD_C_HELP_)};
+#undef NICD_C_HELP_
+    return i < NICD_NCOUNTERS ? helps[i] : NULL;
+}
 
 struct nicd_config {
     uint16_t egress_queue, ingress_queue;

@@ -259,7 +259,8 @@ def _comment(args: list[str]) -> str | None:
         comment = args[args.index("--comment") + 1]
     except (ValueError, IndexError):
         return None
-    if comment in (FAILCLOSED_COMMENT, COMMENT) or re.fullmatch(rf"{COMMENT}-\d+", comment):
+    # Only numbered instances: no version that wrote a bare COMMENT was ever installed.
+    if comment == FAILCLOSED_COMMENT or re.fullmatch(rf"{COMMENT}-\d+", comment):
         return comment
     return None
 
@@ -272,8 +273,7 @@ class Rule:
 
     @property
     def queue_base(self) -> int | None:
-        """The instance a queue rule belongs to; None for the drops and for rules of versions
-        that did not tag the instance."""
+        """The instance a queue rule belongs to; None for the drops."""
         m = re.fullmatch(rf"{COMMENT}-(\d+)", self.comment)
         return int(m.group(1)) if m else None
 

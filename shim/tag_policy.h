@@ -2,7 +2,8 @@
  * both. The LD_PRELOAD library (inceptionn_tag.c) runs it in every process it loads into; Python
  * (inceptionn.shim.policy, `inceptionn run` and `inceptionn mpirun`) calls the same code through
  * cffi, so a policy the CLI accepts is one the library accepts, with the same canonical form and
- * the same reasons. The grammar is in inceptionn_tag.c and docs/shim.md.
+ * the same reasons. The grammar is written out in docs/shim.md ("The policy"); tag_policy.c is
+ * its one parser.
  *
  * The input is user text from the environment or the command line: every read is bounded by
  * the given length (a NUL inside is a non-printable character, not an end). */

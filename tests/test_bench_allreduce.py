@@ -48,3 +48,9 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
 ])
 def test_bad_arguments_give_one_line(args, needle):
     assert_one_line_error(run_cli("bench", "allreduce", *args), needle)
+
+
+def test_default_set_runs_the_daemons_default_gso():
+    r = run_cli("bench", "allreduce", "--help")
+    assert r.returncode == 0
+    assert "(default ring,ring-gso,gloo,mpi)" in " ".join(r.stdout.split())

@@ -1,6 +1,6 @@
-"""``inceptionn bench nic`` end to end on one small unshaped link: the per-packet soft NIC, then
-nicd --gso with 1 and 2 queue pairs (--queues 1,2), two parallel streams; real daemons, real TCP
-in namespaces. The figures are not asserted (they depend on the machine), the counters behind
+"""``inceptionn bench nic`` end to end on one small unshaped link: by default the daemons' default
+path (gso); with --both the per-packet soft NIC, then nicd --gso with 1 and 2 queue pairs
+(--queues 1,2), two parallel streams; real daemons, real TCP in namespaces. The figures are not asserted (they depend on the machine), the counters behind
 them are: super-packets compressed, no drop, fewer wire packets than per packet, every stream's
 bytes counted, daemon CPU per GB measured at each end, one count per queue. Bad arguments give
 one line."""
@@ -15,13 +15,27 @@ from netns_helpers import needs_root
 
 
 @needs_root
-def test_gso_with_one_and_two_queues(no_leaks, capsys):
+def test_default_measures_the_daemons_default_gso(no_leaks, capsys):
     from inceptionn.cli import main
-    rc = main(["bench", "nic", "--links", "unshaped@1500", "--gso", "--queues", "1,2", "--streams", "2",
+    rc = main(["bench", "nic", "--links", "unshaped@1500", "--rounds", "1", "--megabytes", "1", "--captures", "2",
+               "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    link = r["links"][0]
+    assert r["path"] == link["path"] == "gso" and "gso_runs" not in link
+    assert link["super_packets"] > 0 and link["drops"] == {} and link["ratio"] > 3, link
+    assert link["nic_bytes"] == link["raw_bytes"] == link["bytes"]
+
+
+@needs_root
+def test_both_paths_gso_with_one_and_two_queues(no_leaks, capsys):
+    from inceptionn.cli import main
+    rc = main(["bench", "nic", "--links", "unshaped@1500", "--both", "--queues", "1,2", "--streams", "2",
                "--rounds", "1", "--megabytes", "1", "--captures", "2", "--json"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     link = r["links"][0]
+    assert r["path"] == link["path"] == "per-packet" and link["super_packets"] == 0
     nbytes = 2 * link["bytes"]  # two streams, each the whole stream
     assert link["nic_bytes"] == link["raw_bytes"] == nbytes
     assert link["sender_s_per_gb"] > 0 and link["receiver_s_per_gb"] > 0
@@ -56,6 +70,7 @@ def test_raw_input_reports_both_codec_modes(no_leaks, capsys):
     (["--queues", "1,x"], "--queues"),
     (["--queues", "0"], "--queues"),
     (["--streams", "0"], "--streams"),
+    (["--no-gso", "--both"], "not allowed with"),
 ])
 def test_bad_arguments_give_one_line(args, needle):
     assert_one_line_error(run_cli("bench", "nic", *args), needle)

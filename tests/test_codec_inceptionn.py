@@ -256,3 +256,39 @@ def test_reconstruct_is_the_round_trip_without_a_stream(k):
         assert c.reconstruct(y, out=y) is y and np.array_equal(y.view(np.uint32), got.view(np.uint32))
     with pytest.raises(ValueError):
         c.reconstruct(special, out=np.empty(3, dtype=np.float32))
+
+
+def _stream_histogram(blob: bytes, n: int, impl: int) -> tuple[int, tuple[int, ...]]:
+    from inceptionn.codecs._native import ffi, lib
+
+    counts = ffi.new("uint64_t[4]")
+    rc = lib.inc_stream_histogram_impl(ffi.from_buffer(blob), len(blob), n, counts, impl)
+    return rc, tuple(counts)
+
+
+def test_stream_histogram_popcnt_and_portable_builds_agree():
+    """The stream histogram is built twice (POPCNT instruction, portable): forcing the portable
+    build gives the counts and statuses the CPU's path gives, and both match the floats'."""
+    from inceptionn.codecs._native import lib
+
+    impls = [lib.INC_IMPL_AUTO, lib.INC_IMPL_SCALAR] + ([lib.INC_IMPL_AVX2] if have_avx2() else [])
+    rng = np.random.default_rng(22)
+    codec = get_codec("inceptionn", error_bound=-10)
+    statuses = set()
+    for n in (0, 1, 7, 8, 9, 100, 1001, 40000):
+        x = mixed_values(rng, n)
+        blob = codec.encode(x)
+        want = tuple(int(v) for v in codec.histogram(x))
+        for impl in impls:
+            assert _stream_histogram(blob, n, impl) == (lib.INC_OK, want), (n, impl)
+        # damaged streams: the same status (and, when it is OK, the same counts) from every build
+        for _ in range(20):
+            bad = bytearray(blob or b"\0")
+            cut = int(rng.integers(0, len(bad) + 1))
+            bad = bad[:cut] if rng.random() < 0.5 else bad
+            if bad:
+                bad[int(rng.integers(0, len(bad)))] ^= 1 << int(rng.integers(0, 8))
+            got = {impl: _stream_histogram(bytes(bad), n, impl) for impl in impls}
+            assert len(set(got.values())) == 1, (n, got)
+            statuses.add(got[lib.INC_IMPL_SCALAR][0])
+    assert lib.INC_OK in statuses and lib.INC_E_TRUNCATED in statuses  # both kinds were compared

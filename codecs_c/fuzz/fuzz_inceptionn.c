@@ -4,6 +4,8 @@
  *         to an exactly-sized buffer. Scalar and AVX2 must agree on status and on every value. A
  *         compressed lane (8BIT, 16BIT) decodes to a finite value below 1 in magnitude, a 0BIT
  *         lane to +0.0; only a NO_COMPRESS lane can be inf/NaN, and it is the stream's 4 bytes.
+ *         The stream histogram's two builds (portable, POPCNT) give decode's status and the
+ *         same counts.
  *   odd:  encode. The rest are float bit patterns, byte 1 also picks k. Both paths must give the
  *         same bytes, and the stream must decode: values with |x| >= 1, inf and NaN bit-exactly,
  *         every other value to a finite one no larger in magnitude.
@@ -68,6 +70,11 @@ static void decode_case(const uint8_t *data, size_t size)
         abort();
     if (ra == INC_OK)
         check_lanes(stream, a, n);
+    uint64_t ha[4] = {0}, hb[4] = {0};
+    int sa = inc_stream_histogram_impl(stream, len, n, ha, INC_IMPL_SCALAR);
+    int sb = inc_stream_histogram_impl(stream, len, n, hb, INC_IMPL_AUTO);
+    if (sa != ra || sb != ra || memcmp(ha, hb, sizeof ha) != 0)
+        abort();
     free(stream);
     free(a);
     free(b);

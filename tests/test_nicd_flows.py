@@ -1,0 +1,262 @@
+"""The soft NIC's flow tables (daemon/nicd_flows.c) tested directly through the cffi module:
+SipHash-2-4 against the reference vectors, backward-shift deletion inside a probe chain, a full
+table, the hello table's eviction order, expiry, and the one winner of nicd_hello_take. The
+tables get known keys and a clock the test moves (the nicd_flows_test_* hooks), so every slot
+and set is computed here, not guessed. Also: the counter names come from the C side."""
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+
+import pytest
+
+from inceptionn.daemon._datapath import ffi, lib
+
+# SipHash-2-4 reference vectors (the paper's appendix, the reference implementation's
+# vectors.h): key 00 01 .. 0f, message 00 01 .. n-1, for n = 0..32.
+SIPHASH_VECTORS = [
+    0x726fdb47dd0e0e31, 0x74f839c593dc67fd, 0x0d6c8009d9a94f5a, 0x85676696d7fb7e2d,
+    0xcf2794e0277187b7, 0x18765564cd99a68d, 0xcbc9466e58fee3ce, 0xab0200f58b01d137,
+    0x93f5f5799a932462, 0x9e0082df0ba9e4b0, 0x7a5dbbc594ddb9f3, 0xf4b32f46226bada7,
+    0x751e8fbc860ee5fb, 0x14ea5627c0843d90, 0xf723ca908e7af2ee, 0xa129ca6149be45e5,
+    0x3f2acc7f57c29bdb, 0x699ae9f52cbe4794, 0x4bc1b3f0968dd39c, 0xbb6dc91da77961bd,
+    0xbed65cf21aa2ee98, 0xd0f2cbb02e3b67c7, 0x93536795e3a33e88, 0xa80c038ccd5ccec8,
+    0xb8ad50c6f649af94, 0xbce192de8a85b8ea, 0x17d835b85bbb15f3, 0x2f2e6163076bcfad,
+    0xde4daaaca71dc9a5, 0xa6a2506687956571, 0xad87a3535c49ef28, 0x32d892fad841c342,
+    0x7127512f72f27cce,
+]
+
+TABLE_KEY = bytes(range(16))
+NONCE_KEY = bytes(range(16, 32))
+CAPACITY = 64            # the smallest table: 64 slots, at most 48 flows (3/4)
+HELLO_SETS = 256 // 8    # the smallest hello table: 256 ways in sets of 8
+HELLO_TIMEOUT_MS = 75_000
+
+
+def siphash(key: bytes, data: bytes) -> int:
+    return int(lib.nicd_flows_test_siphash(key, data, len(data)))
+
+
+def key(sport: int, dport: int = 5000, saddr: int = 0x0100_12C6, daddr: int = 0x0200_12C6):
+    k = ffi.new("struct nicd_flow_key *")
+    k.saddr, k.daddr, k.sport, k.dport = saddr, daddr, sport, dport
+    return k
+
+
+def key_hash(k) -> int:
+    """The table's hash of a key: SipHash of its 12 bytes as they lie in the struct."""
+    return siphash(TABLE_KEY, struct.pack("<IIHH", k.saddr, k.daddr, k.sport, k.dport))
+
+
+def home(k) -> int:
+    return key_hash(k) & (CAPACITY - 1)
+
+
+def hello_set(k) -> int:
+    return (key_hash(k) >> 32) & (HELLO_SETS - 1)
+
+
+def keys_where(pred, count: int, start: int = 1) -> list:
+    """The first ``count`` keys (by source port from ``start``) for which pred(key) holds."""
+    found = []
+    for sport in itertools.count(start):
+        k = key(sport)
+        if pred(k):
+            found.append(k)
+            if len(found) == count:
+                return found
+        assert sport < 60000, "no such keys"
+
+
+@pytest.fixture
+def tables():
+    """Fresh tables with known keys, freed afterwards (the module's tables are process-wide)."""
+    assert lib.nicd_flows_init(CAPACITY, 30) == 0
+    lib.nicd_flows_test_keys(TABLE_KEY, NONCE_KEY)
+    yield
+    lib.nicd_flows_free()
+
+
+_sent = itertools.count()
+
+
+def negotiated(k) -> int | None:
+    """Our ISN if k is negotiated, as the egress path asks (one new byte each time: fresh data,
+    never a retransmission that the give-up rule would count; it refreshes the flow's clock)."""
+    fi = ffi.new("struct nicd_flow_info *")
+    state = lib.nicd_flows_egress(k, next(_sent), 1, 0, 0, fi)
+    return int(fi.isn) if state != lib.NICD_FLOW_NONE else None
+
+
+def slot(k) -> int:
+    return int(lib.nicd_flows_test_slot(k))
+
+
+def hello(state: int, isn: int = 0):
+    h = ffi.new("struct nicd_hello *")
+    h.state, h.isn = state, isn
+    return h
+
+
+def hello_state(k) -> int:
+    h = ffi.new("struct nicd_hello *")
+    lib.nicd_hello_get(k, h)
+    return int(h.state)
+
+
+def expire() -> tuple[int, int, int]:
+    active, in_flight = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+    n = lib.nicd_flows_expire(active, in_flight)
+    return int(n), int(active[0]), int(in_flight[0])
+
+
+def test_siphash_reference_vectors():
+    for n, want in enumerate(SIPHASH_VECTORS):
+        assert siphash(bytes(range(16)), bytes(range(n))) == want, n
+
+
+def test_table_and_nonce_use_siphash_with_their_keys(tables):
+    k = key(1234)
+    assert lib.nicd_flows_negotiate(k, 77, 0, 1460) == 0
+    assert slot(k) == home(k)
+    nonce = ffi.new("uint8_t[6]")
+    lib.nicd_flows_nonce(k, 0xDEADBEEF, nonce)
+    want = siphash(NONCE_KEY, struct.pack("<IIHHI", k.saddr, k.daddr, k.sport, k.dport, 0xDEADBEEF))
+    assert bytes(nonce) == want.to_bytes(8, "little")[:6]
+
+
+def test_deletion_inside_a_probe_chain_shifts_back(tables):
+    # A chain that wraps: A, B, C share home 62; F's home is 0, where it lands between them:
+    #   62:A 63:B 0:F 1:C  --forget B-->  62:A 63:C 0:F  (F stays home, C moves back, 1 empty)
+    h = CAPACITY - 2
+    a, b, c = keys_where(lambda k: home(k) == h, 3)
+    (f,) = keys_where(lambda k: home(k) == 0, 1)
+    for k, isn in ((a, 1), (b, 2), (f, 3), (c, 4)):
+        assert lib.nicd_flows_negotiate(k, isn, 0, 1460) == 0
+    assert [slot(k) for k in (a, b, f, c)] == [62, 63, 0, 1]
+
+    lib.nicd_flows_forget(b)
+    assert negotiated(b) is None and slot(b) == -1
+    assert [slot(k) for k in (a, c, f)] == [62, 63, 0]
+    assert [negotiated(k) for k in (a, c, f)] == [1, 4, 3]
+
+    # Deleting the chain's head moves the rest up too; the count follows.
+    lib.nicd_flows_forget(a)
+    assert [slot(k) for k in (c, f)] == [62, 0]
+    assert expire() == (0, 2, 0)
+
+
+def test_a_full_table_refuses_new_flows_only(tables):
+    ks = keys_where(lambda k: True, CAPACITY * 3 // 4 + 1)
+    for i, k in enumerate(ks[:-1]):
+        assert lib.nicd_flows_negotiate(k, i, 0, 1460) == 0
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460) == -1  # 3/4 full: new flows stay raw
+    assert negotiated(ks[-1]) is None
+    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460) == 0  # a known flow is still replaced
+    assert [negotiated(k) for k in ks[:-1]] == [1000] + list(range(1, len(ks) - 1))
+    lib.nicd_flows_forget(ks[5])
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460) == 0 and negotiated(ks[-1]) == 99
+    assert expire() == (0, CAPACITY * 3 // 4, 0)
+
+
+def test_hello_eviction_takes_the_oldest_peer_hello_then_the_oldest_of_ours(tables):
+    ks = keys_where(lambda k: hello_set(k) == 5, 14)
+    ways, new = ks[:8], ks[8:]
+    # born in this order, 10 ms apart: ours (SENT) and the peers' (PEER, ANSWERED) interleaved
+    states = [lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER, lib.NICD_HELLO_SENT, lib.NICD_HELLO_ANSWERED,
+              lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER, lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER]
+    for k, st in zip(ways, states):
+        assert lib.nicd_hello_put(k, hello(st)) == 0
+        lib.nicd_flows_test_advance(10)
+    assert lib.nicd_hello_count() == 8
+    assert lib.nicd_hello_put(ways[2], hello(lib.NICD_HELLO_SENT, 7)) == 0  # a replacement evicts nothing
+
+    peers = [k for k, st in zip(ways, states) if st != lib.NICD_HELLO_SENT]
+    ours = [ways[0], ways[4], ways[6], ways[2]]  # ways[2] was born again just now
+    for n, victim in zip(new, peers + ours[:2]):
+        assert lib.nicd_hello_put(n, hello(lib.NICD_HELLO_SENT)) == 1
+        lib.nicd_flows_test_advance(10)
+        assert hello_state(victim) == lib.NICD_HELLO_NONE and hello_state(n) == lib.NICD_HELLO_SENT
+    assert lib.nicd_hello_count() == 8
+    assert [hello_state(k) for k in ours[2:]] == [lib.NICD_HELLO_SENT] * 2
+
+    # An expired way is free again: no eviction
+    lib.nicd_flows_test_advance(HELLO_TIMEOUT_MS + 1)
+    assert lib.nicd_hello_put(ways[0], hello(lib.NICD_HELLO_PEER)) == 0
+
+
+def test_idle_flows_and_stale_hellos_expire(tables):
+    # timeout 30 s; a and b share a home, so expiring a must leave b findable
+    a, b = keys_where(lambda k: home(k) == 7, 2)
+    (c,) = keys_where(lambda k: home(k) not in (7, 8), 1)
+    for k in (a, b, c):
+        assert lib.nicd_flows_negotiate(k, 5, 0, 1460) == 0
+    lib.nicd_flows_test_advance(20_000)
+    assert negotiated(b) == 5  # use refreshes its clock
+    lib.nicd_flows_test_advance(15_000)
+    assert expire() == (2, 1, 0)
+    assert slot(b) == 7 and negotiated(b) == 5 and negotiated(a) is None and negotiated(c) is None
+    lib.nicd_flows_test_advance(31_000)
+    assert negotiated(b) is None  # a lookup past the timeout drops it too
+    assert expire() == (0, 0, 0)
+
+    h1, h2 = keys_where(lambda k: True, 2, start=40000)
+    lib.nicd_hello_put(h1, hello(lib.NICD_HELLO_SENT))
+    lib.nicd_hello_put(h2, hello(lib.NICD_HELLO_PEER))
+    lib.nicd_flows_test_advance(HELLO_TIMEOUT_MS - 1000)
+    assert hello_state(h1) == lib.NICD_HELLO_SENT and expire()[2] == 2
+    lib.nicd_flows_test_advance(2000)
+    assert hello_state(h1) == lib.NICD_HELLO_NONE and hello_state(h2) == lib.NICD_HELLO_NONE
+    assert expire()[2] == 0 and lib.nicd_hello_count() == 0
+
+
+def test_hello_take_has_exactly_one_winner(tables):
+    k = key(999)
+    lib.nicd_hello_put(k, hello(lib.NICD_HELLO_ANSWERED, 1234))
+    assert lib.nicd_hello_take(k, lib.NICD_HELLO_SENT, 1234) == 0    # other state
+    assert lib.nicd_hello_take(k, lib.NICD_HELLO_ANSWERED, 1235) == 0  # other ISN
+    assert hello_state(k) == lib.NICD_HELLO_ANSWERED
+
+    threads, rounds = 4, 300
+    start = threading.Barrier(threads)
+    wins = [[0] * rounds for _ in range(threads)]
+
+    def racer(t):
+        for r in range(rounds):
+            start.wait()
+            wins[t][r] = lib.nicd_hello_take(k, lib.NICD_HELLO_ANSWERED, r)  # cffi drops the GIL
+            start.wait()
+            if t == 0:  # the next round's hello, put while the others wait
+                lib.nicd_hello_put(k, hello(lib.NICD_HELLO_ANSWERED, r + 1))
+
+    lib.nicd_hello_take(k, lib.NICD_HELLO_ANSWERED, 1234)
+    lib.nicd_hello_put(k, hello(lib.NICD_HELLO_ANSWERED, 0))
+    workers = [threading.Thread(target=racer, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert [sum(wins[t][r] for t in range(threads)) for r in range(rounds)] == [1] * rounds
+    assert lib.nicd_hello_count() == 1  # the last round's put, untaken
+
+
+def test_counter_names_come_from_the_c_list():
+    from inceptionn.daemon.datapath import COUNTERS
+
+    assert len(COUNTERS) == lib.NICD_NCOUNTERS == len(set(COUNTERS))
+    assert len(ffi.new("struct nicd_stats *").c) == lib.NICD_NCOUNTERS
+    assert COUNTERS[0] == "egress_packets" and "tier32" in COUNTERS
+    assert ffi.NULL == lib.nicd_counter_name(lib.NICD_NCOUNTERS) == lib.nicd_counter_help(lib.NICD_NCOUNTERS)
+    helps = [ffi.string(lib.nicd_counter_help(i)).decode() for i in range(lib.NICD_NCOUNTERS)]
+    assert all(len(h) > 10 for h in helps), helps   # every counter says what it counts (the metrics' HELP)
+
+
+def test_every_setting_the_c_loop_reads_has_its_field():
+    from inceptionn.daemon.settings import SETTINGS
+
+    fields = dict(ffi.typeof("struct nicd_config").fields)
+    wanted = {s.c_field for s in SETTINGS if s.c_field}
+    assert wanted == {"tos_tagged", "tos_scaled", "tos_compressed", "tos_hello", "error_bound", "queue_maxlen",
+                      "accept_only", "gso"}
+    assert wanted <= set(fields)
