@@ -254,6 +254,7 @@ struct endpoint {
     uint32_t addr;   /* network order */
     uint16_t port;   /* network order */
     uint16_t ok;
+    int32_t mode, k, chunk;   /* settings every rank must share (a job launched by hand may differ) */
 };
 
 /* Connect to the right neighbour (hello: magic, size, rank + 1, 1 as float32) and accept the
@@ -360,7 +361,8 @@ static void setup(struct ring *r)
             ok = 0;
         }
     }
-    struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port, .ok = (uint16_t)ok};
+    struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port, .ok = (uint16_t)ok,
+                          .mode = cfg.mode, .k = cfg.k, .chunk = (int32_t)cfg.chunk};
     struct endpoint *all = calloc((size_t)r->size, sizeof *all);
     if (!all)
         ring_fail(r, "out of memory for the endpoints");
@@ -371,6 +373,13 @@ static void setup(struct ring *r)
         for (int i = 0; i < r->size && low < 0; i++)
             if (!all[i].ok)
                 low = i;
+        for (int i = 1; i < r->size && low < 0; i++)
+            if (all[i].mode != all[0].mode || all[i].k != all[0].k || all[i].chunk != all[0].chunk) {
+                low = i;
+                snprintf(why, sizeof why, "its settings differ from rank 0's: mode %s/%s, error bound %d/%d, "
+                         "chunk %d/%d", MODE_NAME[all[i].mode & 1], MODE_NAME[all[0].mode & 1], all[i].k, all[0].k,
+                         all[i].chunk, all[0].chunk);
+            }
         if (low >= 0) {
             if (low == r->rank)
                 say("warning: ring setup failed on rank %d of %d (%s); MPI_Allreduce on this communicator "
@@ -482,6 +491,15 @@ static void ring_fail(struct ring *r, const char *what)
     _exit(1);
 }
 
+/* A broken connection is most often the echo of another rank's abort: give mpirun the time to
+ * end this rank quietly, so the job shows the first cause only; a peer that really died is still
+ * reported a moment later. */
+static void peer_fail(struct ring *r, const char *what)
+{
+    sleep(5);
+    ring_fail(r, what);
+}
+
 static size_t frame_cap(size_t values) { return 4 + inc_max_encoded_size(values); }
 
 static void encode_frame(struct ring *r, const float *x, size_t n, uint8_t *buf, size_t *len)
@@ -567,13 +585,13 @@ static void ring_allreduce(struct ring *r, float *x, size_t n)
             ring_fail(r, m);
         }
         if (p[0].revents & (POLLERR | POLLHUP) && !(p[0].revents & POLLOUT))
-            ring_fail(r, "the connection to the right neighbour broke");
+            peer_fail(r, "the connection to the right neighbour broke");
         if (sready && (p[0].revents & POLLOUT)) {
             ssize_t w = send(r->send_fd, sp, sleft, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (w < 0 && errno != EAGAIN && errno != EINTR) {
                 char m[96];
                 snprintf(m, sizeof m, "send to the right neighbour: %s", strerror(errno));
-                ring_fail(r, m);
+                peer_fail(r, m);
             }
             if (w > 0) {
                 sp += w;
@@ -602,11 +620,11 @@ static void ring_allreduce(struct ring *r, float *x, size_t n)
             }
             ssize_t got = recv(r->recv_fd, dst + roff, rneed - roff, MSG_DONTWAIT);
             if (got == 0)
-                ring_fail(r, "the left neighbour closed its connection");
+                peer_fail(r, "the left neighbour closed its connection");
             if (got < 0 && errno != EAGAIN && errno != EINTR) {
                 char e[96];
                 snprintf(e, sizeof e, "receive from the left neighbour: %s", strerror(errno));
-                ring_fail(r, e);
+                peer_fail(r, e);
             }
             if (got > 0)
                 roff += (size_t)got;
