@@ -159,6 +159,7 @@ def test_mpi4py_script_app_mode_and_fallback(tb_name, tmp_path, prog):
         wrap = ["sh", "-c", 'if [ "$OMPI_COMM_WORLD_RANK" = 3 ]; then (sleep 2; kill -9 $$) & fi; exec "$@"', "sh"]
         r = run_cli("mpirun", "--compress-allreduce", "--allreduce-mode", "app", "--testbed", tb_name, "-np", str(WORLD),
                     "--", *wrap, prog, str(bad), str(N), "1000", timeout=240)
+        print(f"\nrank 3 killed mid-loop:\n{r.stderr}")
         assert r.returncode != 0
         errors = [ln for ln in r.stderr.splitlines() if "error: MPI_Allreduce ring" in ln]
         assert len(errors) <= 2 and all("aborting the job" in e for e in errors), r.stderr
@@ -184,3 +185,21 @@ def test_c_ring_and_python_group_agree(tmp_path, mode):
         assert x["separate"].tobytes() == res[0]["group"].tobytes()
     exact = np.sum([x["input"].astype(np.float64) for x in res], axis=0)
     assert np.abs(res[0]["inplace"] - exact).max() > 0   # compressed: not the exact sum
+
+
+def test_thread_multiple(tb_name, tmp_path):
+    """MPI_THREAD_MULTIPLE: two threads of every rank reduce on their own communicators at the
+    same time (each its own ring, set up concurrently); the results are what the same inputs give
+    one after the other, on every rank."""
+    exe = tmp_path / "mpi_threads"
+    subprocess.run(["mpicc", "-O2", "-Wall", "-Wextra", "-pthread", str(PROGS / "mpi_threads.c"), "-o", str(exe)], check=True)
+    with testbed.Testbed(hosts=WORLD, name=tb_name):
+        out = tmp_path / "out"
+        r = job(tb_name, out, "--compress-allreduce", "--allreduce-mode", "app", "--log", "1",
+                program=[str(exe), str(out), "300000", "5"])
+        for rank in range(WORLD):   # 2 threads x 5 calls + 2 sequential calls
+            assert f"inceptionn-mpi[rank {rank}]: summary: 12 MPI_Allreduce calls taken" in r.stderr, r.stderr
+        for t in ("0", "1"):
+            got = results(out, f"t{t}")
+            seq = results(out, f"seq{t}")
+            assert all(g.tobytes() == seq[0].tobytes() and s.tobytes() == seq[0].tobytes() for g, s in zip(got, seq)), t
