@@ -13,6 +13,7 @@ Needs root, OpenMPI (mpirun, mpicc) and mpi4py.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 from cli_helpers import run_cli
 from inceptionn.daemon.stats import read as read_stats
 from inceptionn.kernel_tc import testbed
-from test_mpirun import nicds
+from test_mpirun import cli_error, nicds
 
 PROGS = Path(__file__).resolve().parent / "shim_progs"
 N = 1_000_003                 # values per float32 call: above the default threshold, not a multiple of anything
@@ -203,3 +204,41 @@ def test_thread_multiple(tb_name, tmp_path):
             got = results(out, f"t{t}")
             seq = results(out, f"seq{t}")
             assert all(g.tobytes() == seq[0].tobytes() and s.tobytes() == seq[0].tobytes() for g, s in zip(got, seq)), t
+
+
+def test_dry_run_shows_the_library_and_settings(tb_name):
+    from inceptionn.shim.run import preload_library
+    lib = preload_library("inceptionn.collective._pmpi_allreduce")
+    with testbed.Testbed(hosts=2, name=tb_name) as tb:
+        r = run_cli("mpirun", "--compress-allreduce", "--allreduce-min-count", "1000", "--allreduce-error-bound", "-12",
+                    "--testbed", tb_name, "--dry-run", "--json", "-np", "2", "--", "/bin/true")
+        assert r.returncode == 0, r.stderr
+        plan = json.loads(r.stdout)
+        assert plan["policy"] is None
+        assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "min_count": 1000,
+                                     "error_bound": -12, "iface": str(tb.network), "log": False}
+        argv = plan["mpirun"]
+        exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
+        assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
+        assert (exported["INCEPTIONN_MPI_MODE"], exported["INCEPTIONN_MPI_MIN_COUNT"],
+                exported["INCEPTIONN_MPI_ERROR_BOUND"], exported["INCEPTIONN_MPI_IFACE"]) == ("app", "1000", "-12", str(tb.network))
+        # with a policy: the tagging library first, then this one; a forced nic mode warns
+        r = run_cli("mpirun", "--tag", "port=23000-23099", "--compress-allreduce", "--allreduce-mode", "nic",
+                    "--testbed", tb_name, "--dry-run", "--json", "-np", "2", "--", "/bin/true")
+        plan = json.loads(r.stdout)
+        argv = plan["mpirun"]
+        preload = next(argv[i + 1] for i, a in enumerate(argv) if a == "-x" and argv[i + 1].startswith("LD_PRELOAD="))
+        assert preload.split("=", 1)[1].split() == [preload_library(), lib]
+        assert plan["allreduce"]["mode"] == "nic"
+        assert any("soft NIC does not run on every host" in w for w in plan["warnings"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--allreduce-mode", "nic", "--", "true"], "--allreduce-mode goes with --compress-allreduce"),
+    (["--compress-allreduce", "--allreduce-mode", "fast", "--", "true"], "bad --allreduce-mode 'fast'"),
+    (["--compress-allreduce", "--allreduce-min-count", "0", "--", "true"], "bad --allreduce-min-count '0'"),
+    (["--compress-allreduce", "--allreduce-error-bound", "-31", "--", "true"], "bad --allreduce-error-bound '-31'"),
+    (["--compress-allreduce", "-x", "INCEPTIONN_MPI_MODE=nic", "--", "true"], "do not pass -x INCEPTIONN_MPI_MODE"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_allreduce_option_errors_are_one_line(args, needle, capsys):
+    assert needle in cli_error(capsys, "mpirun", *args)
