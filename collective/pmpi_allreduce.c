@@ -302,7 +302,7 @@ static int connect_ring(struct ring *r, int lfd, const struct endpoint *right, s
         goto fail;
     }
     if (got[0] != INC_MPI_HELLO_MAGIC || got[1] != (float)r->size || got[2] != (float)(left + 1)) {
-        snprintf(why, whylen, "unexpected hello from %s", "the left neighbour's address");
+        snprintf(why, whylen, "the connection accepted is not from the left neighbour (rank %d of %d)", left, r->size);
         goto fail;
     }
     r->recv_fd = fd;
