@@ -10,6 +10,10 @@ gradients captured from training, tiled to the size asked) with, side by side in
   gloo      torch.distributed's gloo allreduce (needs torch)
   mpi       MPI_Allreduce through mpi4py, launched with ``inceptionn mpirun`` (OpenMPI defaults)
 
+and on request (--impls) the same unmodified mpi4py program under ``inceptionn mpirun
+--compress-allreduce`` (collective/pmpi_allreduce.c): mpi-nic (the library's ring on tagged
+sockets, the soft NICs compress) and mpi-app (the codec in the library, no daemon involved);
+
 and on request (--impls): ring-app (the same ring compressing inside the collective, the codec
 in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it),
 ring-nic (ring-gso with the soft NICs restarted per packet, nicd --no-gso), ring-notag (the
@@ -43,8 +47,9 @@ from ..kernel_tc.units import format_rate, parse_rate
 
 HELP = "ring allreduce with and without the soft NIC against gloo and OpenMPI, 2 to 8 hosts"
 IMPLS = ("ring", "ring-gso", "gloo", "mpi")          # the default comparison: the daemons' default, gso
-EXTRA_IMPLS = ("ring-app", "ring-nic", "ring-notag", "wa", "wa-nic")  # on request
-GSO_IMPLS = ("ring-gso",)                            # run with the daemons in gso mode
+EXTRA_IMPLS = ("ring-app", "ring-nic", "ring-notag", "wa", "wa-nic", "mpi-nic", "mpi-app")  # on request
+MPI_IMPLS = ("mpi", "mpi-nic", "mpi-app")            # launched with inceptionn mpirun
+GSO_IMPLS = ("ring-gso", "mpi-nic")                  # run with the daemons in gso mode (their default)
 SCALE_IMPLS = ("ring-nic", "wa-nic")
 GLOO_PORT = 29511
 PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
@@ -89,9 +94,11 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
     hosts = tb.hosts[:world]
     store = os.path.join(workdir, "store")
     shutil.rmtree(store, ignore_errors=True)
-    if impl == "mpi":
-        argv = [sys.executable, "-m", "inceptionn", "mpirun", "--tag", "none", "--testbed", tb.name,
-                "-np", str(world), "--", *PEER, "mpi", "0", str(world), workdir, str(reps),
+    if impl in MPI_IMPLS:
+        wrapper = ["--tag", "none"] if impl == "mpi" else \
+            ["--compress-allreduce", "--allreduce-mode", impl[4:], "--allreduce-error-bound", str(error_bound)]
+        argv = [sys.executable, "-m", "inceptionn", "mpirun", *wrapper, "--testbed", tb.name,
+                "-np", str(world), "--", *PEER, impl, "0", str(world), workdir, str(reps),
                 "--error-bound", str(error_bound)]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
@@ -200,6 +207,11 @@ def print_report(r: dict) -> None:
                       if i in row]
                 if vs:
                     print(f"{'':>5}  faster than gloo: " + ", ".join(vs))
+            if "mpi" in row:  # the unmodified MPI program with the library against OpenMPI alone
+                vs = [f"{i} {row['mpi']['median'] / row[i]['median']:.2f}x (NMSE {row[i]['nmse']:.2e})"
+                      for i in ("mpi-nic", "mpi-app") if i in row]
+                if vs:
+                    print(f"{'':>5}  faster than MPI_Allreduce: " + ", ".join(vs))
         if link["scaling"]:
             print(f"\nExchange time from {min(map(int, link['scaling']))} to "
                   f"{max(map(int, link['scaling']))} hosts ({r['scale_size']} MiB, paper's Fig. 15)")
@@ -210,8 +222,10 @@ def print_report(r: dict) -> None:
                       f"{b['median']:8.3f} [{b['min']:.2f}-{b['max']:.2f}]  {b['median'] / a['median']:6.2f}x")
     print("\nring = our ring, untagged (no compression); ring-gso = the same ring on tagged sockets "
           "through the soft NICs (INC+C) in their default mode, gso; ring-nic = the same per packet (nicd --no-gso); "
-          "ring-app = the same ring compressing in the collective (no daemon); wa-nic = worker-aggregator, gradient "
-          "leg compressed. Target: the soft NIC ring at least 3x faster than both gloo and OpenMPI at 100 Mbit.")
+          "ring-app = the same ring compressing in the collective (no daemon); mpi-nic / mpi-app = MPI_Allreduce "
+          "of the unmodified mpi4py program through the library of `inceptionn mpirun --compress-allreduce`, soft "
+          "NICs / codec in the library; wa-nic = worker-aggregator, gradient leg compressed. "
+          "Target: the soft NIC ring at least 3x faster than both gloo and OpenMPI at 100 Mbit.")
 
 
 def _csv(text: str, what: str, conv=str) -> list:
@@ -234,7 +248,7 @@ def run(args) -> int:
             import torch  # noqa: F401
         except ImportError:
             raise UserError("gloo needs PyTorch: pip install 'inceptionn[torch]' (or drop gloo from --impls)") from None
-    if "mpi" in impls and shutil.which("mpirun") is None:
+    if set(MPI_IMPLS) & set(impls) and shutil.which("mpirun") is None:
         raise UserError("mpi needs OpenMPI's mpirun (Debian: openmpi-bin), or drop mpi from --impls")
     rates = _csv(args.rates, "rates")
     for rate in rates:

@@ -9,7 +9,8 @@ soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemo
 ``ring-app`` (the same ring compressing inside the collective, codec in the application, untagged
 sockets, no daemon involved), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
 ``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the
-cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI).
+cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI;
+``mpi-nic`` and ``mpi-app`` are the same program, launched with the MPI_Allreduce library).
 WORKDIR holds ``grad<rank>.npy`` (this rank's input) and ``exact.npy`` (the float64 sum), and
 is the rendezvous directory of the ring. Every rep starts after a barrier and copies the input
 first, so each rep reduces the same values.
@@ -28,7 +29,7 @@ import numpy as np
 def _barrier_fn(impl: str, group=None, dist=None, comm=None):
     if impl == "gloo":
         return dist.barrier
-    if impl == "mpi":
+    if impl.startswith("mpi"):
         return comm.Barrier
     return group.barrier
 
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
     master = argv[argv.index("--master") + 1] if "--master" in argv else None
     error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else -10
     comm = dist = group = None
-    if impl == "mpi":
+    if impl.startswith("mpi"):
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
         rank, world = comm.Get_rank(), comm.Get_size()
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> int:
         dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world)
         t = torch.from_numpy(buf)
         op = lambda: dist.all_reduce(t)  # noqa: E731
-    elif impl == "mpi":
+    elif impl.startswith("mpi"):
         from mpi4py import MPI
         op = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # noqa: E731
     else:

@@ -20,6 +20,9 @@ What it adds to the real mpirun:
   namespace and host name. No /etc/hosts entry is needed: hosts are given by address.
 - Before launch, one line per host on stderr: whether the soft NIC (nicd) runs there, read from
   its netfilter rules and the bound NFQUEUE queues of that host's namespace.
+- ``--compress-allreduce``: the MPI_Allreduce library (collective/pmpi_allreduce.c) preloaded
+  too, with its settings (INCEPTIONN_MPI_*): float32 sums of unmodified programs go through the
+  INCEPTIONN ring, compressed by the soft NICs ("nic") or in the library ("app").
 """
 from __future__ import annotations
 
@@ -42,18 +45,25 @@ from inceptionn.errors import UserError
 
 from .contract import TOS_SCALED, TOS_TAGGED
 from .policy import Policy, check_log
-from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
+from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env, preload_library
 
 DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-60999)
 
 # wrapper option -> takes a value
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
-           "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False}
+           "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
+           "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
+           "--allreduce-error-bound": True}
+PMPI_MODULE = "inceptionn.collective._pmpi_allreduce"
+ALLREDUCE_MODES = ("auto", "nic", "app")
+DEFAULT_MIN_COUNT = 65536            # collective/pmpi_allreduce.h INC_MPI_DEFAULT_MIN_COUNT
+DEFAULT_ERROR_BOUND = -10            # nicd's default --error-bound
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
 
-USAGE = "inceptionn mpirun [--tag POLICY] [--testbed NAME] [options] [mpirun args] -- PROG ARGS..."
+USAGE = ("inceptionn mpirun [--tag POLICY] [--compress-allreduce] [--testbed NAME] [options] [mpirun args] "
+         "-- PROG ARGS...")
 HELP = f"""usage: {USAGE}
 
 Run OpenMPI's mpirun with the tagging library preloaded into every rank, so the job's gradient
@@ -63,9 +73,23 @@ their own values and predict the receiver's decode: the paper's codec).
 
 wrapper options (anywhere before the --; everything else before it goes to mpirun):
   --tag POLICY        what to tag (default: $INCEPTIONN_TAG): port selectors only, e.g.
-                      port=23000-23099, or none (only what the program tags itself)
+                      port=23000-23099, or none (only what the program tags itself); optional
+                      with --compress-allreduce
   --log DEST          the library's log in every rank: 1 (tagged sockets, stderr), 2 (also
-                      untagged ones and why), /PATH (appended), or LEVEL:/PATH
+                      untagged ones and why), /PATH (appended), or LEVEL:/PATH; with
+                      --compress-allreduce also the MPI_Allreduce library's lines (stderr)
+  --compress-allreduce
+                      preload the MPI_Allreduce library: the program's float32 MPI_SUM
+                      allreduces of at least --allreduce-min-count values run the INCEPTIONN
+                      ring, compressed (docs/mpi-allreduce.md); everything else is MPI's own
+  --allreduce-mode M  nic (ring sockets tagged: the soft NICs compress), app (the codec in
+                      the ranks, no daemon needed) or auto (default: nic when every host's
+                      soft NIC runs, else app)
+  --allreduce-min-count N
+                      smallest count taken (default {DEFAULT_MIN_COUNT} values)
+  --allreduce-error-bound K
+                      the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic it
+                      must be the daemons' --error-bound)
   --testbed NAME      launch on the hosts of testbed NAME (`inceptionn testbed up`)
   --slots N           ranks per testbed host (default 1)
   --iface IF|CIDR     network for MPI's TCP traffic (btl/oob_tcp_if_include; default with
@@ -99,6 +123,10 @@ class Options:
     help: bool = False
     mpirun_args: list[str] = field(default_factory=list)
     program: list[str] = field(default_factory=list)
+    compress_allreduce: bool = False
+    allreduce_mode: str = "auto"
+    allreduce_min_count: int = DEFAULT_MIN_COUNT
+    allreduce_error_bound: int = DEFAULT_ERROR_BOUND
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -157,6 +185,24 @@ def parse_args(rest: list[str]) -> Options:
             raise UserError("--slots goes with --testbed (elsewhere, give slots to mpirun: --host a:2,b:2)")
     if "--btl-ports" in values:
         opts.btl_ports = _port_range(values["--btl-ports"], "--btl-ports")
+    opts.compress_allreduce = bool(values.get("--compress-allreduce"))
+    allreduce_opts = [o for o in ("--allreduce-mode", "--allreduce-min-count", "--allreduce-error-bound") if o in values]
+    if allreduce_opts and not opts.compress_allreduce:
+        raise UserError(f"{allreduce_opts[0]} goes with --compress-allreduce")
+    if "--allreduce-mode" in values:
+        if values["--allreduce-mode"] not in ALLREDUCE_MODES:
+            raise UserError(f"bad --allreduce-mode {values['--allreduce-mode']!r}: use auto, nic or app")
+        opts.allreduce_mode = values["--allreduce-mode"]
+    if "--allreduce-min-count" in values:
+        v = values["--allreduce-min-count"]
+        if not re.fullmatch(r"[0-9]{1,10}", v) or not 1 <= int(v) <= 2**31 - 1:
+            raise UserError(f"bad --allreduce-min-count {v!r}: a number of values, 1..2147483647")
+        opts.allreduce_min_count = int(v)
+    if "--allreduce-error-bound" in values:
+        v = values["--allreduce-error-bound"]
+        if not re.fullmatch(r"-[0-9]{1,2}", v) or not -30 <= int(v) <= -1:
+            raise UserError(f"bad --allreduce-error-bound {v!r}: use -30..-1 (nicd --error-bound)")
+        opts.allreduce_error_bound = int(v)
     if opts.iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:/-]{1,64}", opts.iface):
         raise UserError(f"bad --iface {opts.iface!r}: an interface name or a network like 198.18.0.0/24")
     return opts
@@ -291,7 +337,7 @@ def _real_mpirun(path: str | None) -> str:
 
 @dataclass
 class Plan:
-    policy: Policy
+    policy: Policy | None            # None: no tagging library (--compress-allreduce alone)
     argv: list[str]                  # what runs (mpirun, or the namespace prefix and mpirun)
     mpirun_argv: list[str]
     env: dict[str, str]              # added to this environment
@@ -299,21 +345,28 @@ class Plan:
     warnings: list[str]
     testbed: str | None
     tmpdir: str | None = None
+    allreduce: dict | None = None    # the MPI_Allreduce library and its settings
 
     def to_dict(self) -> dict:
-        return {"testbed": self.testbed, "policy": self.policy.canonical, "hosts": self.hosts,
+        return {"testbed": self.testbed, "policy": self.policy.canonical if self.policy else None,
+                "allreduce": self.allreduce, "hosts": self.hosts,
                 "warnings": self.warnings, "env": self.env, "mpirun": self.mpirun_argv, "argv": self.argv}
 
 
 def plan(opts: Options, materialize: bool = True) -> Plan:
     """Everything about the launch; with materialize, also the rsh agent's files (the caller
     removes Plan.tmpdir)."""
-    policy = policy_arg(opts.tag, "mpirun")
+    if opts.compress_allreduce and opts.tag is None and os.environ.get(ENV_POLICY) is None:
+        policy = None                # the library's ring tags its own sockets: no policy needed
+    else:
+        policy = policy_arg(opts.tag, "mpirun")
     user_mca = _user_mca(opts.mpirun_args)
     exported = _exported(opts.mpirun_args)
     clash = exported & {"LD_PRELOAD", ENV_POLICY, ENV_LOG}
+    clash |= {n for n in exported if n.startswith("INCEPTIONN_MPI_")} if opts.compress_allreduce else set()
     if clash:
-        raise UserError(f"do not pass -x {sorted(clash)[0]}: the wrapper sets it (use --tag and --log)")
+        raise UserError(f"do not pass -x {sorted(clash)[0]}: the wrapper sets it (use --tag, --log and the "
+                        "--allreduce-* options)")
     btl = opts.btl_ports
     for family in ("v4", "v6"):   # what the BTL will use, the user's --mca values included
         try:
@@ -321,7 +374,8 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
             n = int(user_mca.get(f"btl_tcp_port_range_{family}", btl[1] - btl[0] + 1))
         except ValueError:
             raise UserError(f"btl_tcp_port_min_{family} and btl_tcp_port_range_{family} must be numbers") from None
-        check_contract(policy, (lo, min(lo + n - 1, 65535)))
+        if policy is not None:
+            check_contract(policy, (lo, min(lo + n - 1, 65535)))
     mpirun = _real_mpirun(opts.mpirun)
 
     testbed = None
@@ -345,7 +399,7 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
         eph = entry["nic"].get("ephemeral_ports")
         if eph:
             ephemeral.setdefault(tuple(eph), entry["name"])
-    warnings = ephemeral_warnings(policy, {f"host {w}": r for r, w in ephemeral.items()})
+    warnings = ephemeral_warnings(policy, {f"host {w}": r for r, w in ephemeral.items()}) if policy else []
     if user_mca.get("pml", "ob1") != "ob1":
         warnings.append(f"pml {user_mca['pml']}: its TCP sockets are not pinned to --btl-ports, so a "
                         "port policy may catch them")
@@ -360,7 +414,17 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
     env: dict[str, str] = {}
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    rank_env = preload_env(policy, opts.log)
+    rank_env = preload_env(policy, opts.log) if policy else {}
+    allreduce = None
+    if opts.compress_allreduce:
+        allreduce, extra = allreduce_settings(opts, hosts, iface)
+        if not all(h["nic"]["running"] for h in hosts) and allreduce["mode"] == "nic":
+            warnings.append("--allreduce-mode nic but the soft NIC does not run on every host: the ring's "
+                            "tagged packets leave those hosts uncompressed (results are the same)")
+        libs = [p for p in rank_env.get("LD_PRELOAD", "").split() if p] or \
+            [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+        rank_env["LD_PRELOAD"] = " ".join([*libs, allreduce["library"]])
+        rank_env.update(extra)
     host_args: list[str] = []
     if testbed:
         tmpdir = tempfile.mkdtemp(prefix="inceptionn-mpirun-") if materialize else None
@@ -388,12 +452,35 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
     mpirun_argv += host_args + opts.mpirun_args + opts.program
     argv = testbed.hosts[0].command(mpirun_argv, hostname=testbed.hosts[0].name) if testbed else mpirun_argv
     return Plan(policy=policy, argv=argv, mpirun_argv=mpirun_argv, env=env, hosts=hosts,
-                warnings=warnings, testbed=testbed.name if testbed else None, tmpdir=tmpdir)
+                warnings=warnings, testbed=testbed.name if testbed else None, tmpdir=tmpdir, allreduce=allreduce)
+
+
+def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> tuple[dict, dict[str, str]]:
+    """The MPI_Allreduce library's settings (for the report) and the variables that carry them."""
+    lib = preload_library(PMPI_MODULE, "the MPI_Allreduce library (needs OpenMPI's mpicc at build time)")
+    mode = opts.allreduce_mode
+    if mode == "auto":
+        mode = "nic" if hosts and all(h["nic"]["running"] for h in hosts) else "app"
+    env = {"INCEPTIONN_MPI_MODE": mode, "INCEPTIONN_MPI_MIN_COUNT": str(opts.allreduce_min_count),
+           "INCEPTIONN_MPI_ERROR_BOUND": str(opts.allreduce_error_bound)}
+    if iface:
+        env["INCEPTIONN_MPI_IFACE"] = iface
+    if opts.log:
+        env["INCEPTIONN_MPI_LOG"] = "1"
+    settings = {"library": lib, "mode": mode, "requested_mode": opts.allreduce_mode,
+                "min_count": opts.allreduce_min_count, "error_bound": opts.allreduce_error_bound,
+                "iface": iface, "log": bool(opts.log)}
+    return settings, env
 
 
 def report_lines(p: Plan) -> list[str]:
     where = f"testbed {p.testbed}, {len(p.hosts)} host(s)" if p.testbed else "this host only (others are not checked)"
-    lines = [f"inceptionn mpirun: {where}; tag policy {p.policy.canonical}"]
+    what = f"tag policy {p.policy.canonical}" if p.policy else "no tag policy"
+    if p.allreduce:
+        a = p.allreduce
+        what += (f"; MPI_Allreduce compressed (mode {a['mode']}, float32 sums of >= {a['min_count']} values, "
+                 f"error bound 2^{a['error_bound']})")
+    lines = [f"inceptionn mpirun: {where}; {what}"]
     width = max(len(h["name"]) for h in p.hosts)
     for h in p.hosts:
         addr = f" {h['address']:<15}" if h["address"] else ""

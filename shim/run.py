@@ -26,18 +26,20 @@ ENV_POLICY = "INCEPTIONN_TAG"
 ENV_LOG = "INCEPTIONN_TAG_LOG"
 
 
-def preload_library() -> str:
-    """Absolute path of the built LD_PRELOAD library (built by the package build as the file of
-    an extension module next to this one; it is never imported)."""
-    spec = importlib.util.find_spec(PRELOAD_MODULE)
+def preload_library(module: str = PRELOAD_MODULE, what: str = "the tagging library") -> str:
+    """Absolute path of a built LD_PRELOAD library (built by the package build as the file of
+    an extension module; it is never imported): the tagging library, or with ``module`` another
+    (inceptionn.collective._pmpi_allreduce)."""
+    spec = importlib.util.find_spec(module)
     if spec is not None and spec.origin and os.path.isfile(spec.origin):
         return os.path.abspath(spec.origin)
-    here = Path(__file__).resolve().parent
+    pkg, _, stem = module.rpartition(".")
+    here = Path(__file__).resolve().parent.parent / pkg.split(".", 1)[1].replace(".", "/")
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        found = glob.glob(str(here / f"_tagpreload{suffix}"))
+        found = glob.glob(str(here / f"{stem}{suffix}"))
         if found:
             return found[0]
-    raise UserError("the tagging library (inceptionn/shim/_tagpreload*.so) is not built: "
+    raise UserError(f"{what} (inceptionn/{pkg.split('.', 1)[1].replace('.', '/')}/{stem}*.so) is not built: "
                     "reinstall the package (`make`, or `pip install -e .`)")
 
 

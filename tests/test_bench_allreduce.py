@@ -40,6 +40,21 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     assert set(link["scaling"]["2"]) == {"ring-nic", "wa-nic"}
 
 
+@needs_root
+def test_mpi_library_beside_stock_mpi(no_leaks, capsys):
+    """The same unmodified mpi4py program: OpenMPI alone (exact), and through the MPI_Allreduce
+    library in nic mode (the daemons compressed) and in app mode (nobody else did)."""
+    from inceptionn.cli import main
+    rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "3", "--scale-hosts", "",
+               "--impls", "mpi,mpi-nic,mpi-app", "--reps", "1", "--json"])
+    assert rc == 0
+    row = json.loads(capsys.readouterr().out)["links"][0]["sizes"]["1"]
+    assert row["mpi"]["nmse"] < 1e-10
+    assert 0 < row["mpi-nic"]["nmse"] < 0.5 and row["mpi-app"]["nmse"] == pytest.approx(row["mpi-nic"]["nmse"], rel=1e-4)
+    assert row["mpi-nic"]["egress_compressed"] > 0
+    assert row["mpi"]["egress_compressed"] == 0 and row["mpi-app"]["egress_compressed"] == 0
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--impls", "ring,carrier-pigeon"], "unknown 'carrier-pigeon'"),
     (["--rates", "fast"], "fast"),

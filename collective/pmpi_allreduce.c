@@ -1,0 +1,850 @@
+/*
+ * MPI_Allreduce through the INCEPTIONN ring, for unmodified MPI programs (PMPI interposition;
+ * settings in pmpi_allreduce.h, design in docs/mpi-allreduce.md).
+ *
+ * A call is taken when datatype is MPI_FLOAT (or a 4-byte MPI_REAL), op is MPI_SUM, the
+ * communicator is an intracommunicator of 2 or more ranks and count >= the threshold: only
+ * arguments MPI requires to be equal on every rank, so every rank takes the same calls. Everything
+ * else goes to PMPI_Allreduce as it came.
+ *
+ * Per communicator, on the first call taken: a listener, its endpoint exchanged with
+ * PMPI_Allgather, a connection to the right neighbour (tagged 0x28 before connect() in nic mode)
+ * and one accepted from the left, agreed with PMPI_Allreduce(MIN); any failure on any rank makes
+ * every rank pass that communicator's calls to PMPI_Allreduce from then on (one warning line).
+ * The ring is collective/ring.py's schedule, driven by one poll() loop: step s sends block
+ * (rank - s) mod N and receives block (rank - s - 1) mod N, chunk by chunk, a received chunk
+ * forwarded as soon as it is added. nic mode sends inc_reconstruct() of each partial sum and of
+ * the owned block (fixed points: they arrive the same compressed or not); app mode sends framed
+ * codec output and forwards the owner's blob unchanged in phase 2. Every rank ends bit-identical,
+ * and equal bit for bit to collective.Group.allreduce(compress="nic"/"app") on the same inputs.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <math.h>
+#include <mpi.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "inceptionn_codec.h"
+#include "inceptionn_contract.h"
+#include "pmpi_allreduce.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { MODE_APP = 0, MODE_NIC = 1 };
+static const char *const MODE_NAME[] = {"app", "nic"};
+
+static struct {
+    int mode, k, log, timeout_ms;
+    long min_count, chunk;
+    struct in_addr addr;
+    int have_addr;            /* from INCEPTIONN_MPI_ADDR or _IFACE (else chosen at setup) */
+    char iface[64];
+} cfg;
+
+/* One communicator's ring. Calls on it are serialized by mu (MPI_THREAD_MULTIPLE programs). */
+enum { RING_NEW = 0, RING_READY, RING_FALLBACK, RING_CLOSED };
+struct ring {
+    pthread_mutex_t mu;
+    int state, rank, size, send_fd, recv_fd;
+    MPI_Comm comm;
+    struct ring *next;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_keyval = MPI_KEYVAL_INVALID;
+static struct ring *g_rings;
+static struct {
+    unsigned long taken, passed;
+    double taken_bytes, passed_bytes, seconds;
+} g_stats;
+
+/* --- output: one write() per line ------------------------------------------------------------- */
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    char line[512];
+    int wr = -1;
+    if (PMPI_Initialized(&wr) == MPI_SUCCESS && wr) {
+        int fin = 0;
+        PMPI_Finalized(&fin);
+        if (!fin)
+            PMPI_Comm_rank(MPI_COMM_WORLD, &wr);
+        else
+            wr = -1;
+    } else {
+        wr = -1;
+    }
+    int n = wr >= 0 ? snprintf(line, sizeof line, "inceptionn-mpi[rank %d]: ", wr)
+                    : snprintf(line, sizeof line, "inceptionn-mpi[%d]: ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t w = write(2, line, (size_t)n);
+    (void)w;
+}
+
+/* --- settings --------------------------------------------------------------------------------- */
+
+static long env_long(const char *name, long def, long lo, long hi, const char *what)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > hi) {
+        say("error: bad %s '%.40s': %s", name, v, what);
+        _exit(2);
+    }
+    return x;
+}
+
+/* The address of an interface by name, or the first address inside an IPv4 network a.b.c.d/len. */
+static int addr_from_iface(const char *spec, struct in_addr *out)
+{
+    struct in_addr net = {0};
+    int len = -1;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *slash = strchr(buf, '/');
+    if (slash) {
+        *slash = 0;
+        char *end;
+        len = (int)strtol(slash + 1, &end, 10);
+        if (*end || len < 0 || len > 32 || inet_pton(AF_INET, buf, &net) != 1)
+            return -1;
+    }
+    struct ifaddrs *ifs, *i;
+    if (getifaddrs(&ifs) != 0)
+        return -1;
+    int found = -1;
+    for (i = ifs; i && found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        struct in_addr a = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        if (len >= 0) {
+            uint32_t mask = len ? htonl(~0u << (32 - len)) : 0;
+            if ((a.s_addr & mask) != (net.s_addr & mask))
+                continue;
+        } else if (strcmp(i->ifa_name, spec) != 0) {
+            continue;
+        }
+        *out = a;
+        found = 0;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+static int default_addr(struct in_addr *out)
+{
+    struct ifaddrs *ifs, *i;
+    out->s_addr = htonl(INADDR_LOOPBACK);
+    if (getifaddrs(&ifs) != 0)
+        return 0;
+    for (i = ifs; i; i = i->ifa_next) {
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+            !(i->ifa_flags & IFF_LOOPBACK)) {
+            *out = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+            break;
+        }
+    }
+    freeifaddrs(ifs);
+    return 0;
+}
+
+__attribute__((constructor)) static void load_settings(void)
+{
+    const char *m = getenv("INCEPTIONN_MPI_MODE");
+    if (!m || !*m || !strcmp(m, "app"))
+        cfg.mode = MODE_APP;
+    else if (!strcmp(m, "nic"))
+        cfg.mode = MODE_NIC;
+    else {
+        say("error: bad INCEPTIONN_MPI_MODE '%.40s': use nic or app", m);
+        _exit(2);
+    }
+    cfg.min_count = env_long("INCEPTIONN_MPI_MIN_COUNT", INC_MPI_DEFAULT_MIN_COUNT, 1, INT32_MAX,
+                             "a number of values, at least 1");
+    cfg.k = (int)env_long("INCEPTIONN_MPI_ERROR_BOUND", INC_MPI_DEFAULT_ERROR_BOUND, INC_MIN_ERROR_BOUND,
+                          INC_MAX_ERROR_BOUND, "use -30..-1 (nicd --error-bound)");
+    cfg.chunk = env_long("INCEPTIONN_MPI_CHUNK", INC_MPI_DEFAULT_CHUNK, 8, 1 << 24,
+                         "values per chunk, 8..16777216");
+    cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
+                                          "seconds, 1..86400");
+    cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
+    const char *a = getenv("INCEPTIONN_MPI_ADDR"), *f = getenv("INCEPTIONN_MPI_IFACE");
+    if (a && *a) {
+        if (inet_pton(AF_INET, a, &cfg.addr) != 1) {
+            say("error: bad INCEPTIONN_MPI_ADDR '%.40s': an IPv4 address", a);
+            _exit(2);
+        }
+        cfg.have_addr = 1;
+    } else if (f && *f) {
+        snprintf(cfg.iface, sizeof cfg.iface, "%s", f);  /* resolved at setup (interfaces may come later) */
+    }
+}
+
+static void ring_fail(struct ring *r, const char *what) __attribute__((noreturn));
+
+/* --- sockets ---------------------------------------------------------------------------------- */
+
+static int tag(int fd)
+{
+    int tos = INCEPTIONN_TOS_TAGGED;
+    return setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
+}
+
+static int wait_fd(int fd, short events, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = events};
+    int r;
+    do
+        r = poll(&p, 1, ms);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+        errno = ETIMEDOUT;
+    return r > 0 ? 0 : -1;
+}
+
+static int io_all(int fd, void *buf, size_t len, int sending, int ms)
+{
+    uint8_t *p = buf;
+    while (len) {
+        if (wait_fd(fd, sending ? POLLOUT : POLLIN, ms) != 0)
+            return -1;
+        ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, len, MSG_DONTWAIT);
+        if (n == 0) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+struct endpoint {
+    uint32_t addr;   /* network order */
+    uint16_t port;   /* network order */
+    uint16_t ok;
+    int32_t mode, k, chunk;   /* settings every rank must share (a job launched by hand may differ) */
+};
+
+/* Connect to the right neighbour (hello: magic, size, rank + 1, 1 as float32) and accept the
+ * left one; returns 0 or -1 with why filled in. */
+static int connect_ring(struct ring *r, int lfd, const struct endpoint *right, struct in_addr self, char *why,
+                        size_t whylen)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr = self};
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_addr.s_addr = right->addr, .sin_port = right->port};
+    if (fd < 0 || (cfg.mode == MODE_NIC && tag(fd) != 0) || bind(fd, (void *)&src, sizeof src) != 0) {
+        snprintf(why, whylen, "ring socket: %s", strerror(errno));
+        goto fail;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    if (connect(fd, (void *)&dst, sizeof dst) != 0 && errno != EINPROGRESS) {
+        snprintf(why, whylen, "connect to %s:%u: %s", inet_ntoa(dst.sin_addr), ntohs(dst.sin_port), strerror(errno));
+        goto fail;
+    }
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (wait_fd(fd, POLLOUT, cfg.timeout_ms) != 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err) {
+        snprintf(why, whylen, "connect to %s:%u: %s", inet_ntoa(dst.sin_addr), ntohs(dst.sin_port),
+                 strerror(err ? err : errno));
+        goto fail;
+    }
+    float hello[4] = {INC_MPI_HELLO_MAGIC, (float)r->size, (float)(r->rank + 1), 1.0f};
+    if (io_all(fd, hello, sizeof hello, 1, cfg.timeout_ms) != 0) {
+        snprintf(why, whylen, "hello to the right neighbour: %s", strerror(errno));
+        goto fail;
+    }
+    r->send_fd = fd;
+    fd = -1;
+    if (wait_fd(lfd, POLLIN, cfg.timeout_ms) != 0 || (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+        snprintf(why, whylen, "accept from the left neighbour: %s", strerror(errno));
+        goto fail;
+    }
+    float got[4];
+    int left = (r->rank + r->size - 1) % r->size;
+    if (io_all(fd, got, sizeof got, 0, cfg.timeout_ms) != 0) {
+        snprintf(why, whylen, "hello from the left neighbour: %s", strerror(errno));
+        goto fail;
+    }
+    if (got[0] != INC_MPI_HELLO_MAGIC || got[1] != (float)r->size || got[2] != (float)(left + 1)) {
+        snprintf(why, whylen, "the connection accepted is not from the left neighbour (rank %d of %d)", left, r->size);
+        goto fail;
+    }
+    r->recv_fd = fd;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+static void close_ring(struct ring *r)
+{
+    if (r->send_fd >= 0)
+        close(r->send_fd);
+    if (r->recv_fd >= 0)
+        close(r->recv_fd);
+    r->send_fd = r->recv_fd = -1;
+}
+
+/* The lowest rank whose flag is 0 prints the warning with its reason; all ranks fall back. */
+static int agree_ok(struct ring *r, int ok, const char *why)
+{
+    int first = ok ? r->size : r->rank, low = 0;
+    if (PMPI_Allreduce(&first, &low, 1, MPI_INT, MPI_MIN, r->comm) != MPI_SUCCESS)
+        low = -1;
+    if (low == r->size)
+        return 1;
+    if (low == r->rank)
+        say("warning: ring setup failed on rank %d of %d (%s); MPI_Allreduce on this communicator "
+            "falls back to MPI's own", r->rank, r->size, why);
+    return 0;
+}
+
+static void setup(struct ring *r)
+{
+    char why[256] = "";
+    int ok = 1, lfd = -1;
+    struct in_addr self = cfg.addr;
+    if (!cfg.have_addr) {
+        if (cfg.iface[0]) {
+            if (addr_from_iface(cfg.iface, &self) != 0) {
+                snprintf(why, sizeof why, "no IPv4 address on %s", cfg.iface);
+                ok = 0;
+            }
+        } else {
+            default_addr(&self);
+        }
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr = self};
+    socklen_t sl = sizeof sa;
+    if (ok) {
+        lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (lfd < 0 || (cfg.mode == MODE_NIC && tag(lfd) != 0) || bind(lfd, (void *)&sa, sizeof sa) != 0 ||
+            listen(lfd, 4) != 0 || getsockname(lfd, (void *)&sa, &sl) != 0) {
+            snprintf(why, sizeof why, "listen on %s: %s", inet_ntoa(self), strerror(errno));
+            ok = 0;
+        }
+    }
+    struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port, .ok = (uint16_t)ok,
+                          .mode = cfg.mode, .k = cfg.k, .chunk = (int32_t)cfg.chunk};
+    struct endpoint *all = calloc((size_t)r->size, sizeof *all);
+    if (!all)
+        ring_fail(r, "out of memory for the endpoints");
+    int agreed = PMPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, r->comm) == MPI_SUCCESS;
+    if (agreed) {
+        /* every rank sees the same flags: the lowest rank whose listener failed tells why */
+        int low = -1;
+        for (int i = 0; i < r->size && low < 0; i++)
+            if (!all[i].ok)
+                low = i;
+        for (int i = 1; i < r->size && low < 0; i++)
+            if (all[i].mode != all[0].mode || all[i].k != all[0].k || all[i].chunk != all[0].chunk) {
+                low = i;
+                snprintf(why, sizeof why, "its settings differ from rank 0's: mode %s/%s, error bound %d/%d, "
+                         "chunk %d/%d", MODE_NAME[all[i].mode & 1], MODE_NAME[all[0].mode & 1], all[i].k, all[0].k,
+                         all[i].chunk, all[0].chunk);
+            }
+        if (low >= 0) {
+            if (low == r->rank)
+                say("warning: ring setup failed on rank %d of %d (%s); MPI_Allreduce on this communicator "
+                    "falls back to MPI's own", r->rank, r->size, why);
+            agreed = 0;
+        } else {
+            ok = connect_ring(r, lfd, &all[(r->rank + 1) % r->size], self, why, sizeof why) == 0;
+            agreed = agree_ok(r, ok, why);
+        }
+    } else {
+        say("warning: ring setup failed: PMPI_Allgather of the endpoints failed; MPI_Allreduce falls back to MPI's own");
+    }
+    free(all);
+    if (lfd >= 0)
+        close(lfd);
+    if (!agreed) {
+        close_ring(r);
+        r->state = RING_FALLBACK;
+        return;
+    }
+    r->state = RING_READY;
+    if (cfg.log)
+        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, error bound %d", r->size, MODE_NAME[cfg.mode],
+            inet_ntoa(self), ntohs(me.port), cfg.min_count, cfg.k);
+}
+
+/* --- communicator attribute: set up once, torn down on MPI_Comm_free and at MPI_Finalize ----- */
+
+static int delete_ring(MPI_Comm comm, int keyval, void *value, void *extra)
+{
+    (void)comm, (void)keyval, (void)extra;
+    struct ring *r = value;
+    pthread_mutex_lock(&g_mu);
+    for (struct ring **p = &g_rings; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&r->mu);
+    close_ring(r);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    return MPI_SUCCESS;
+}
+
+static struct ring *ring_for(MPI_Comm comm, int size)
+{
+    struct ring *r = NULL;
+    int found = 0;
+    pthread_mutex_lock(&g_mu);
+    if (g_keyval == MPI_KEYVAL_INVALID &&
+        PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_ring, &g_keyval, NULL) != MPI_SUCCESS)
+        g_keyval = MPI_KEYVAL_INVALID;
+    if (g_keyval != MPI_KEYVAL_INVALID && PMPI_Comm_get_attr(comm, g_keyval, &r, &found) == MPI_SUCCESS && !found) {
+        r = calloc(1, sizeof *r);
+        if (r) {
+            pthread_mutex_init(&r->mu, NULL);
+            r->send_fd = r->recv_fd = -1;
+            r->size = size;
+            r->comm = comm;
+            PMPI_Comm_rank(comm, &r->rank);
+            if (PMPI_Comm_set_attr(comm, g_keyval, r) == MPI_SUCCESS) {
+                r->next = g_rings;
+                g_rings = r;
+            } else {
+                free(r);
+                r = NULL;
+            }
+        }
+    } else if (!found) {
+        r = NULL;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* --- the ring ----------------------------------------------------------------------------------- */
+
+struct item {
+    int step;
+    size_t a, b;
+};
+
+/* Items of one direction: steps 0..2N-3, block (rank - s - shift) mod N, cut into chunks. */
+static size_t list_items(struct item *out, int rank, int size, int shift, size_t n, size_t chunk)
+{
+    size_t k = 0;
+    for (int s = 0; s < 2 * size - 2; s++) {
+        int b = ((rank - s - shift) % size + size) % size;
+        size_t lo = (size_t)b * n / (size_t)size, hi = (size_t)(b + 1) * n / (size_t)size;
+        for (size_t a = lo; a < hi; a += chunk)
+            out[k++] = (struct item){s, a, a + chunk < hi ? a + chunk : hi};
+    }
+    return k;
+}
+
+struct frame {          /* app mode: 4-byte little-endian length, then the codec stream */
+    uint8_t *buf;
+    size_t len;
+};
+
+static void ring_fail(struct ring *r, const char *what)
+{
+    say("error: MPI_Allreduce ring (%d ranks, mode %s) failed: %s; aborting the job (a partial result is "
+        "never returned)", r->size, MODE_NAME[cfg.mode], what);
+    PMPI_Abort(r->comm, 1);
+    _exit(1);
+}
+
+/* A broken connection is most often the echo of another rank's abort: give mpirun the time to
+ * end this rank quietly, so the job shows the first cause only; a peer that really died is still
+ * reported a moment later. */
+static void peer_fail(struct ring *r, const char *what)
+{
+    sleep(5);
+    ring_fail(r, what);
+}
+
+static size_t frame_cap(size_t values) { return 4 + inc_max_encoded_size(values); }
+
+static void encode_frame(struct ring *r, const float *x, size_t n, uint8_t *buf, size_t *len)
+{
+    ptrdiff_t m = inc_encode(x, n, cfg.k, buf + 4, inc_max_encoded_size(n), INC_IMPL_AUTO);
+    if (m < 0)
+        ring_fail(r, inc_strerror((int)m));
+    uint32_t l = (uint32_t)m;
+    buf[0] = l & 0xff, buf[1] = (l >> 8) & 0xff, buf[2] = (l >> 16) & 0xff, buf[3] = l >> 24;
+    *len = 4 + (size_t)m;
+}
+
+static void decode_frame(struct ring *r, const uint8_t *buf, size_t len, float *out, size_t n)
+{
+    int st = inc_decode(buf + 4, len - 4, out, n, NULL, INC_IMPL_AUTO);
+    if (st != INC_OK) {
+        char m[128];
+        snprintf(m, sizeof m, "bad codec stream from the left neighbour: %s", inc_strerror(st));
+        ring_fail(r, m);
+    }
+}
+
+/* Sum x[0..n) over the ring in place (x already scaled). */
+static void ring_allreduce(struct ring *r, float *x, size_t n)
+{
+    const int N = r->size, rank = r->rank;
+    const size_t chunk = (size_t)cfg.chunk;
+    size_t per_step = (n / (size_t)N + 1 + chunk - 1) / chunk + 1, cap = (size_t)(2 * N - 2) * per_step;
+    struct item *sends = malloc(cap * sizeof *sends), *recvs = malloc(cap * sizeof *recvs);
+    size_t ns = 0, nr = 0;
+    if (!sends || !recvs)
+        ring_fail(r, "out of memory");
+    ns = list_items(sends, rank, N, 0, n, chunk);
+    nr = list_items(recvs, rank, N, 1, n, chunk);
+    size_t first = 0;                                   /* chunks sent at step 0 */
+    while (first < ns && sends[first].step == 0)
+        first++;
+    const int app = cfg.mode == MODE_APP;
+    float *tmp = malloc(chunk * sizeof(float));
+    uint8_t *sbuf = malloc(app ? frame_cap(chunk) : chunk * sizeof(float));   /* phase 1's outgoing chunk */
+    uint8_t *rbuf = app ? malloc(frame_cap(chunk)) : NULL;
+    struct frame *keep = app ? calloc(nr ? nr : 1, sizeof *keep) : NULL;      /* frames to forward */
+    if (!tmp || !sbuf || (app && (!rbuf || !keep)))
+        ring_fail(r, "out of memory");
+
+    size_t si = 0, ri = 0;           /* current items */
+    const uint8_t *sp = NULL;        /* what is being sent of item si, and how much is left */
+    size_t sleft = 0, roff = 0, rneed = 0;
+    int sready = 0;
+    while (si < ns || ri < nr) {
+        /* start the next send when its data is there: item j >= first forwards recv item j - first */
+        if (si < ns && !sready && (si < first || ri > si - first)) {
+            struct item it = sends[si];
+            size_t m = it.b - it.a;
+            if (it.step <= N - 2) {
+                if (app) {
+                    encode_frame(r, x + it.a, m, sbuf, &sleft);
+                } else {
+                    inc_reconstruct(x + it.a, m, cfg.k, (float *)sbuf);
+                    sleft = m * sizeof(float);
+                }
+                sp = sbuf;
+            } else if (app) {
+                sp = keep[si - first].buf;
+                sleft = keep[si - first].len;
+            } else {
+                sp = (const uint8_t *)(x + it.a);
+                sleft = m * sizeof(float);
+            }
+            sready = 1;
+        }
+        struct pollfd p[2] = {{.fd = r->send_fd, .events = sready ? POLLOUT : 0},
+                              {.fd = r->recv_fd, .events = ri < nr ? POLLIN : 0}};
+        int pr = poll(p, 2, cfg.timeout_ms);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0) {
+            char m[96];
+            if (pr == 0)
+                snprintf(m, sizeof m, "no progress for %d s (a peer hangs or died)", cfg.timeout_ms / 1000);
+            else
+                snprintf(m, sizeof m, "poll: %s", strerror(errno));
+            ring_fail(r, m);
+        }
+        if (p[0].revents & (POLLERR | POLLHUP) && !(p[0].revents & POLLOUT))
+            peer_fail(r, "the connection to the right neighbour broke");
+        if (sready && (p[0].revents & POLLOUT)) {
+            ssize_t w = send(r->send_fd, sp, sleft, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w < 0 && errno != EAGAIN && errno != EINTR) {
+                char m[96];
+                snprintf(m, sizeof m, "send to the right neighbour: %s", strerror(errno));
+                peer_fail(r, m);
+            }
+            if (w > 0) {
+                sp += w;
+                sleft -= (size_t)w;
+                if (!sleft) {
+                    if (app && sends[si].step > N - 2) {
+                        free(keep[si - first].buf);
+                        keep[si - first].buf = NULL;
+                    }
+                    si++;
+                    sready = 0;
+                }
+            }
+        }
+        if (ri < nr && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
+            struct item it = recvs[ri];
+            size_t m = it.b - it.a;
+            uint8_t *dst;
+            if (app) {
+                if (roff < 4)
+                    rneed = 4;
+                dst = rbuf;
+            } else {
+                rneed = m * sizeof(float);
+                dst = it.step <= N - 2 ? (uint8_t *)tmp : (uint8_t *)(x + it.a);
+            }
+            ssize_t got = recv(r->recv_fd, dst + roff, rneed - roff, MSG_DONTWAIT);
+            if (got == 0)
+                peer_fail(r, "the left neighbour closed its connection");
+            if (got < 0 && errno != EAGAIN && errno != EINTR) {
+                char e[96];
+                snprintf(e, sizeof e, "receive from the left neighbour: %s", strerror(errno));
+                peer_fail(r, e);
+            }
+            if (got > 0)
+                roff += (size_t)got;
+            if (app && roff == 4 && rneed == 4) {
+                uint32_t l = rbuf[0] | rbuf[1] << 8 | rbuf[2] << 16 | (uint32_t)rbuf[3] << 24;
+                if (l > inc_max_encoded_size(m))
+                    ring_fail(r, "a codec frame from the left neighbour is longer than its chunk can encode to");
+                rneed = 4 + l;
+                if (l)
+                    continue;
+            }
+            if (roff == rneed && rneed > 0) {
+                /* item complete */
+                float *xa = x + it.a;
+                if (it.step <= N - 2) {
+                    if (app)
+                        decode_frame(r, rbuf, rneed, tmp, m);
+                    for (size_t i = 0; i < m; i++)
+                        xa[i] += tmp[i];
+                    if (it.step == N - 2) {                   /* this rank owns the block now */
+                        if (app) {
+                            struct frame *f = &keep[ri];
+                            f->buf = malloc(frame_cap(m));
+                            if (!f->buf)
+                                ring_fail(r, "out of memory");
+                            encode_frame(r, xa, m, f->buf, &f->len);
+                            decode_frame(r, f->buf, f->len, xa, m);   /* what every other rank decodes */
+                        } else {
+                            inc_reconstruct(xa, m, cfg.k, xa);
+                        }
+                    }
+                } else if (app) {
+                    decode_frame(r, rbuf, rneed, xa, m);
+                    if (it.step < 2 * N - 3) {                 /* forward the same bytes */
+                        struct frame *f = &keep[ri];
+                        f->buf = malloc(rneed);
+                        if (!f->buf)
+                            ring_fail(r, "out of memory");
+                        memcpy(f->buf, rbuf, rneed);
+                        f->len = rneed;
+                    }
+                }
+                ri++;
+                roff = rneed = 0;
+            }
+        }
+    }
+    if (keep)
+        for (size_t i = 0; i < nr; i++)
+            free(keep[i].buf);
+    free(keep);
+    free(rbuf);
+    free(sbuf);
+    free(tmp);
+    free(sends);
+    free(recvs);
+}
+
+/* Per-bucket power-of-two scaling (collective/scaling.py), maxima agreed with one PMPI_Allreduce. */
+static void scale(struct ring *r, float *x, size_t n, int inverse, int *exps)
+{
+    const size_t B = INC_MPI_BUCKET_VALUES, nb = (n + B - 1) / B;
+    if (!inverse) {
+        float *mx = malloc(nb * sizeof *mx), *all = malloc(nb * sizeof *all);
+        if (!mx || !all)
+            ring_fail(r, "out of memory");
+        for (size_t b = 0; b < nb; b++) {
+            float m = 0;
+            size_t hi = (b + 1) * B < n ? (b + 1) * B : n;
+            for (size_t i = b * B; i < hi; i++) {
+                float v = fabsf(x[i]);
+                if (isnan(v))
+                    v = INFINITY;   /* scaling.py: a NaN bucket gets exponent 0, as an inf one does */
+                m = v > m ? v : m;
+            }
+            mx[b] = m;
+        }
+        if (PMPI_Allreduce(mx, all, (int)nb, MPI_FLOAT, MPI_MAX, r->comm) != MPI_SUCCESS)
+            ring_fail(r, "agreeing the scaling: PMPI_Allreduce failed");
+        for (size_t b = 0; b < nb; b++) {
+            double peak = (double)all[b] * (double)r->size;
+            int s = 0;
+            if (isfinite(peak) && peak > 0) {
+                double f = floor(-log2(peak));
+                if (peak * exp2(f) >= 1.0)
+                    f -= 1;
+                s = f > INC_MPI_MAX_EXPONENT ? INC_MPI_MAX_EXPONENT : f < -INC_MPI_MAX_EXPONENT ? -INC_MPI_MAX_EXPONENT : (int)f;
+            }
+            exps[b] = s;
+        }
+        free(mx);
+        free(all);
+    }
+    for (size_t b = 0; b < nb; b++) {
+        if (!exps[b])
+            continue;
+        float f = (float)ldexp(1.0, inverse ? -exps[b] : exps[b]);
+        size_t hi = (b + 1) * B < n ? (b + 1) * B : n;
+        for (size_t i = b * B; i < hi; i++)
+            x[i] *= f;
+    }
+}
+
+/* --- the interposed calls --------------------------------------------------------------------- */
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static const char *op_name(MPI_Op op)
+{
+    return op == MPI_SUM ? "MPI_SUM" : op == MPI_MAX ? "MPI_MAX" : op == MPI_MIN ? "MPI_MIN"
+         : op == MPI_PROD ? "MPI_PROD" : "another op";
+}
+
+static int passed(const char *why, int count, MPI_Datatype dt, MPI_Op op)
+{
+    int sz = 0;
+    if (PMPI_Type_size(dt, &sz) != MPI_SUCCESS)
+        sz = 0;
+    pthread_mutex_lock(&g_mu);
+    g_stats.passed++;
+    g_stats.passed_bytes += (double)count * sz;
+    pthread_mutex_unlock(&g_mu);
+    if (cfg.log) {
+        char name[MPI_MAX_OBJECT_NAME] = "?";
+        int len = 0;
+        PMPI_Type_get_name(dt, name, &len);
+        say("passed MPI_Allreduce(count %d, %s, %s): %s", count, len ? name : "a derived datatype", op_name(op), why);
+    }
+    return 0;
+}
+
+/* Whether the call is ours; only arguments every rank passes equal are looked at. */
+static int eligible(int count, MPI_Datatype dt, MPI_Op op, MPI_Comm comm, int *size)
+{
+    int inter = 0, sz = 0;
+    if (dt != MPI_FLOAT) {
+        if (dt != MPI_REAL || PMPI_Type_size(dt, &sz) != MPI_SUCCESS || sz != 4)
+            return passed("not float32 (MPI_FLOAT or a 4-byte MPI_REAL)", count, dt, op);
+    }
+    if (op != MPI_SUM)
+        return passed("not MPI_SUM", count, dt, op);
+    if (comm == MPI_COMM_NULL || PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
+        return passed("not an intracommunicator", count, dt, op);
+    if (PMPI_Comm_size(comm, size) != MPI_SUCCESS || *size < 2)
+        return passed("fewer than 2 ranks", count, dt, op);
+    if (count < cfg.min_count) {
+        char why[64];
+        snprintf(why, sizeof why, "count below %ld", cfg.min_count);
+        return passed(why, count, dt, op);
+    }
+    return 1;
+}
+
+EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+                         MPI_Comm comm)
+{
+    int size = 0;
+    if (!eligible(count, datatype, op, comm, &size))
+        return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    struct ring *r = ring_for(comm, size);
+    if (!r) {
+        passed("no attribute for this communicator", count, datatype, op);
+        return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->state == RING_NEW)
+        setup(r);
+    if (r->state != RING_READY) {
+        pthread_mutex_unlock(&r->mu);
+        passed("this communicator fell back at setup", count, datatype, op);
+        return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    }
+    double t0 = now();
+    float *x = recvbuf;
+    size_t n = (size_t)count;
+    if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf)
+        memmove(x, sendbuf, n * sizeof(float));
+    int *exps = malloc(((n + INC_MPI_BUCKET_VALUES - 1) / INC_MPI_BUCKET_VALUES) * sizeof *exps);
+    if (!exps)
+        ring_fail(r, "out of memory");
+    scale(r, x, n, 0, exps);
+    ring_allreduce(r, x, n);
+    scale(r, x, n, 1, exps);
+    free(exps);
+    double dt = now() - t0;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&g_mu);
+    g_stats.taken++;
+    g_stats.taken_bytes += (double)n * 4;
+    g_stats.seconds += dt;
+    pthread_mutex_unlock(&g_mu);
+    if (cfg.log)
+        say("took MPI_Allreduce(count %d, float32, MPI_SUM) on %d ranks: %.3f ms, mode %s", count, size, dt * 1e3,
+            MODE_NAME[cfg.mode]);
+    return MPI_SUCCESS;
+}
+
+EXPORT int MPI_Finalize(void)
+{
+    /* tear down every ring still open (communicators the program never freed, MPI_COMM_WORLD) */
+    for (;;) {
+        pthread_mutex_lock(&g_mu);
+        struct ring *r = g_rings;
+        MPI_Comm c = r ? r->comm : MPI_COMM_NULL;
+        pthread_mutex_unlock(&g_mu);
+        if (!r)
+            break;
+        if (PMPI_Comm_delete_attr(c, g_keyval) != MPI_SUCCESS)
+            delete_ring(c, g_keyval, r, NULL);     /* the communicator is gone: drop the ring anyway */
+    }
+    if (g_keyval != MPI_KEYVAL_INVALID)
+        PMPI_Comm_free_keyval(&g_keyval);
+    if (cfg.log)
+        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s), %lu passed through (%.1f MiB)",
+            g_stats.taken, g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], g_stats.passed,
+            g_stats.passed_bytes / 1048576.0);
+    return PMPI_Finalize();
+}

@@ -1,0 +1,32 @@
+/*
+ * The MPI_Allreduce interposition library (docs/mpi-allreduce.md): loaded into every rank with
+ * LD_PRELOAD by `inceptionn mpirun --compress-allreduce`, it takes float32 sums of at least
+ * INCEPTIONN_MPI_MIN_COUNT values on intracommunicators and runs the INCEPTIONN ring on its own
+ * TCP connections; every other call goes to PMPI_Allreduce untouched.
+ *
+ * Settings, read once when the library loads (a bad value stops the process with one line):
+ *   INCEPTIONN_MPI_MODE         nic (ring sockets tagged 0x28: the soft NICs compress) or app
+ *                               (the codec in the process, untagged sockets); default app
+ *   INCEPTIONN_MPI_MIN_COUNT    smallest count taken (default 65536 values)
+ *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default -10, nicd's default; in nic mode
+ *                               it must be the daemons' bound)
+ *   INCEPTIONN_MPI_CHUNK        values per pipelined chunk (default 65536)
+ *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting (default 300)
+ *   INCEPTIONN_MPI_ADDR         the IPv4 address of the ring's sockets, or
+ *   INCEPTIONN_MPI_IFACE        an interface name or an IPv4 network (a.b.c.d/len) to take it from
+ *                               (default: the first non-loopback IPv4 address)
+ *   INCEPTIONN_MPI_LOG          1: one line per MPI_Allreduce (taken or passed, and why), setup
+ *                               lines, a summary at MPI_Finalize; 0 or unset: warnings only
+ */
+#ifndef INCEPTIONN_PMPI_ALLREDUCE_H
+#define INCEPTIONN_PMPI_ALLREDUCE_H
+
+#define INC_MPI_BUCKET_VALUES 65536      /* collective/scaling.py BUCKET_VALUES */
+#define INC_MPI_MAX_EXPONENT 100         /* collective/scaling.py MAX_EXPONENT */
+#define INC_MPI_DEFAULT_MIN_COUNT 65536
+#define INC_MPI_DEFAULT_CHUNK 65536
+#define INC_MPI_DEFAULT_ERROR_BOUND (-10)
+#define INC_MPI_DEFAULT_TIMEOUT 300
+#define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
+
+#endif
