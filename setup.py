@@ -45,7 +45,8 @@ if (mpi := mpi_flags()) is not None:
         sources=["collective/pmpi_allreduce.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
         depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h"],
-        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
+                            "-ffp-contract=off"],  # the same roundings on every host, as the codecs
         library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], "m"], extra_link_args=mpi[3],
     ))
 

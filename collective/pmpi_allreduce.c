@@ -708,10 +708,12 @@ static void scale(struct ring *r, float *x, size_t n, int inverse, int *exps)
             double peak = (double)all[b] * (double)r->size;
             int s = 0;
             if (isfinite(peak) && peak > 0) {
-                double f = floor(-log2(peak));
-                if (peak * exp2(f) >= 1.0)
-                    f -= 1;
-                s = f > INC_MPI_MAX_EXPONENT ? INC_MPI_MAX_EXPONENT : f < -INC_MPI_MAX_EXPONENT ? -INC_MPI_MAX_EXPONENT : (int)f;
+                /* the largest s with peak * 2^s < 1, read off the exponent (peak = m * 2^e, m in
+                 * [0.5, 1): s = -e), exactly as collective/scaling.py; not log2, which glibc picks
+                 * per CPU and every rank must agree */
+                int e;
+                frexp(peak, &e);
+                s = -e > INC_MPI_MAX_EXPONENT ? INC_MPI_MAX_EXPONENT : -e < -INC_MPI_MAX_EXPONENT ? -INC_MPI_MAX_EXPONENT : -e;
             }
             exps[b] = s;
         }
