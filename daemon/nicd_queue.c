@@ -98,6 +98,15 @@ struct ctx {
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
 
+/* The tier counts of the values a packet (or super-packet) sent compressed: 0, 8, 16, 32 bits. */
+static void count_tiers(struct ctx *cx, const uint64_t tiers[4])
+{
+    COUNT(cx, TIER0, tiers[0]);
+    COUNT(cx, TIER8, tiers[1]);
+    COUNT(cx, TIER16, tiers[2]);
+    COUNT(cx, TIER32, tiers[3]);
+}
+
 static int dscp_is(uint8_t tos, uint8_t mark)
 {
     return (tos & 0xFC) == (mark & 0xFC);
@@ -661,10 +670,7 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
-    COUNT(cx, TIER0, tiers[0]);
-    COUNT(cx, TIER8, tiers[1]);
-    COUNT(cx, TIER16, tiers[2]);
-    COUNT(cx, TIER32, tiers[3]);
+    count_tiers(cx, tiers);
     verdict(id, NF_DROP, NULL, 0, cx);
 }
 
@@ -809,10 +815,7 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     COUNT(cx, EGRESS_COMPRESSED, 1);
     COUNT(cx, EGRESS_ORIG_BYTES, p.payload_len);
     COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - p.payload_off);
-    COUNT(cx, TIER0, tiers[0]);
-    COUNT(cx, TIER8, tiers[1]);
-    COUNT(cx, TIER16, tiers[2]);
-    COUNT(cx, TIER32, tiers[3]);
+    count_tiers(cx, tiers);
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
