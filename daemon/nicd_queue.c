@@ -30,11 +30,6 @@
 #include "nicd_flows.h"
 #include "nicd_packet.h"
 
-#define TCP_FIN 0x01
-#define TCP_SYN 0x02
-#define TCP_RST 0x04
-#define TCP_ACK 0x10
-
 #ifndef SOL_NETLINK
 #define SOL_NETLINK 270
 #endif
