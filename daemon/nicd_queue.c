@@ -972,6 +972,26 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     return 0;
 }
 
+/* A socket option the daemon sets; which one goes into the bit of `warned` below. */
+enum sockopt_id { OPT_QUEUE_RCVBUF, OPT_QUEUE_SNDBUF, OPT_QUEUE_NO_ENOBUFS, OPT_RAW_SNDBUF, OPT_RAW_RECVERR,
+                  OPT_CT_RCVTIMEO };
+
+/* Set a socket option; one the kernel refuses is said once per daemon (every queue thread sets
+ * the same options), on stderr as the daemon's log lines are, with what it costs. Returns 0 or -1. */
+static int sockopt(enum sockopt_id which, int fd, int level, int name, const void *v, socklen_t len,
+                   const char *what, const char *cost)
+{
+    static unsigned warned;
+    if (setsockopt(fd, level, name, v, len) == 0)
+        return 0;
+    int e = errno;
+    if (!(__atomic_fetch_or(&warned, 1u << which, __ATOMIC_RELAXED) & (1u << which))) {
+        fprintf(stderr, "nicd WARNING: %s failed (%s): %s\n", what, strerror(e), cost);
+        fflush(stderr);
+    }
+    return -1;
+}
+
 static int fail(char *err, size_t errlen, const char *what, int e)
 {
     snprintf(err, errlen, "%s: %s", what, e ? strerror(e) : "failed");
@@ -1002,7 +1022,12 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     /* optional: without it, the raw socket's packets keep the addresses the hook sees */
     if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
-        setsockopt(cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (sockopt(OPT_CT_RCVTIMEO, cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv, "SO_RCVTIMEO on the "
+                    "conntrack socket", "a conntrack question without an answer would stall the queue, so "
+                    "conntrack is not asked: gso packets of a NATed flow keep the addresses the hook sees") < 0) {
+            close(cx->ct_fd);
+            cx->ct_fd = -1;
+        }
     }
     if (cfg->gso && (cx->udp_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
         fail(err, errlen, "gso: cannot open a datagram socket", errno);
@@ -1040,13 +1065,19 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     }
     int fd = nfq_fd(h);
     int bufsize = 8 << 20, sndsize = 2 * BATCH_BYTES + (1 << 20), one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize); /* a whole batch */
+    sockopt(OPT_QUEUE_RCVBUF, fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize, "SO_RCVBUFFORCE",
+            "the queue socket keeps the default receive buffer: a burst may overflow it, its ingress packets "
+            "are dropped and its egress packets leave raw");
+    sockopt(OPT_QUEUE_SNDBUF, fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize, "SO_SNDBUFFORCE",
+            "a batch of verdicts may not fit the default send buffer: its packets are lost (verdict_errors)");
     if (cx->raw_fd >= 0) { /* a few super-packets' worth */
         int rawsize = 4 << 20;
-        setsockopt(cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize);
+        sockopt(OPT_RAW_SNDBUF, cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize,
+                "SO_SNDBUFFORCE on the raw socket", "sending a super-packet's compressed packets may wait for "
+                "room in the default send buffer");
         /* without it a raw socket reports a packet its qdisc dropped as sent */
-        setsockopt(cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one);
+        sockopt(OPT_RAW_RECVERR, cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one, "IP_RECVERR",
+                "compressed packets the qdisc drops are not counted (gso_send_errors)");
     }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];
@@ -1055,7 +1086,8 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         rio[i] = (struct iovec){rbuf + (size_t)i * RECV_BUF, RECV_BUF};
         mm[i] = (struct mmsghdr){.msg_hdr = {.msg_iov = &rio[i], .msg_iovlen = 1}};
     }
-    setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
+    sockopt(OPT_QUEUE_NO_ENOBUFS, fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one, "NETLINK_NO_ENOBUFS",
+            "a receive buffer overflow also fails the next read (recv_enobufs)");
 
     cfg->ready = 1;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
