@@ -330,10 +330,6 @@ static size_t group_bytes(const uint8_t *g)
     return n;
 }
 
-#define TCP_FIN 0x01
-#define TCP_PSH 0x08
-#define TCP_CWR 0x80
-
 /* One segment of nicd_compress_gso: the original's headers, then the shim header, `head` raw
  * bytes, the stream slice, `tail` raw bytes; seq advanced by `off` original payload bytes. */
 static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *head, size_t nhead,

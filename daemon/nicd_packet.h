@@ -59,6 +59,13 @@ enum nicd_result {
                                room for the hello option */
 };
 
+/* TCP header flags (byte 13), as nicd_pkt.tcp_flags holds them. */
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_PSH 0x08
+#define TCP_ACK 0x10
+#define TCP_CWR 0x80
+
 /* A parsed IPv4/TCP packet; ports and seq in host order, addresses as on the wire. */
 struct nicd_pkt {
     const uint8_t *ip;

@@ -30,11 +30,6 @@
 #include "nicd_flows.h"
 #include "nicd_packet.h"
 
-#define TCP_FIN 0x01
-#define TCP_SYN 0x02
-#define TCP_RST 0x04
-#define TCP_ACK 0x10
-
 #ifndef SOL_NETLINK
 #define SOL_NETLINK 270
 #endif
@@ -98,6 +93,15 @@ struct ctx {
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
 
+/* The tier counts of the values a packet (or super-packet) sent compressed: 0, 8, 16, 32 bits. */
+static void count_tiers(struct ctx *cx, const uint64_t tiers[4])
+{
+    COUNT(cx, TIER0, tiers[0]);
+    COUNT(cx, TIER8, tiers[1]);
+    COUNT(cx, TIER16, tiers[2]);
+    COUNT(cx, TIER32, tiers[3]);
+}
+
 static int dscp_is(uint8_t tos, uint8_t mark)
 {
     return (tos & 0xFC) == (mark & 0xFC);
@@ -130,10 +134,8 @@ static void flush(struct ctx *cx)
 #define OUT(cx) ((cx)->out[(cx)->n])
 
 /* Queue a verdict; buf, if given, is the rewritten packet and must be OUT(cx). */
-static int verdict(struct nfq_q_handle *qh, uint32_t id, uint32_t v, const uint8_t *buf,
-                   size_t len, struct ctx *cx)
+static void verdict(uint32_t id, uint32_t v, const uint8_t *buf, size_t len, struct ctx *cx)
 {
-    (void)qh;
     static const uint8_t pad[4];
     if (buf && len > NICD_MAX_VERDICT) { /* its attribute length would wrap: never send it */
         COUNT(cx, VERDICT_ERRORS, 1);
@@ -161,7 +163,6 @@ static int verdict(struct nfq_q_handle *qh, uint32_t id, uint32_t v, const uint8
     cx->bytes += padded;
     if (cx->n == BATCH || cx->bytes >= BATCH_BYTES)
         flush(cx);
-    return 0;
 }
 
 static void key_of(const struct nicd_pkt *p, struct nicd_flow_key *k, int reverse)
@@ -226,8 +227,8 @@ static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
 
 /* Our tagged SYN leaves: a new connection on this 4-tuple (any older negotiation is void);
  * it carries the hello option with a fresh nonce and the hello mark. */
-static int egress_syn(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p,
-                      const struct nicd_flow_key *k, struct ctx *cx)
+static void egress_syn(uint32_t id, const struct nicd_pkt *p,
+                       const struct nicd_flow_key *k, struct ctx *cx)
 {
     nicd_flows_forget(k);
     struct nicd_hello h = {.state = NICD_HELLO_SENT, .isn = p->seq};
@@ -237,27 +238,31 @@ static int egress_syn(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
                                   sizeof OUT(cx));
     if (r < 0) {
         COUNT(cx, HELLO_NO_ROOM, 1);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     if (nicd_hello_put(k, &h))
         COUNT(cx, HELLO_EVICTED, 1);
     COUNT(cx, HELLO_SENT, 1);
-    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+    verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
 /* Our SYN-ACK leaves: answer the peer's hello if this SYN-ACK answers that very SYN. */
-static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p,
-                         const struct nicd_flow_key *k, struct ctx *cx)
+static void egress_synack(uint32_t id, const struct nicd_pkt *p,
+                          const struct nicd_flow_key *k, struct ctx *cx)
 {
     nicd_flows_forget(k); /* our stack accepts this 4-tuple anew */
     struct nicd_hello h;
-    if (!nicd_hello_get(k, &h) || h.state == NICD_HELLO_SENT)
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    if (!nicd_hello_get(k, &h) || h.state == NICD_HELLO_SENT) {
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
     if (p->ack != h.peer_isn + 1) {
         /* Our stack answers another SYN on this 4-tuple: the hello (a spoofed SYN's, or one of an
          * earlier connection) is stale and must not be confirmed for this connection. */
         nicd_hello_take(k, (enum nicd_hello_state)h.state, h.isn);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     struct nicd_hello_opt o = our_option(cx, NICD_ROLE_ANSWER, p->tos, h.nonce);
     ptrdiff_t r = nicd_add_option(p, &o, (uint8_t)((p->tos & 3) | cx->cfg->tos_hello), OUT(cx),
@@ -265,7 +270,8 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     if (r < 0) {
         COUNT(cx, HELLO_NO_ROOM, 1);
         nicd_hello_take(k, (enum nicd_hello_state)h.state, h.isn);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     h.state = NICD_HELLO_ANSWERED; /* a retransmitted SYN-ACK is answered again */
     h.isn = p->seq;
@@ -273,7 +279,7 @@ static int egress_synack(struct nfq_q_handle *qh, uint32_t id, const struct nicd
     if (nicd_hello_put(k, &h))
         COUNT(cx, HELLO_EVICTED, 1);
     COUNT(cx, HELLO_SENT, 1);
-    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+    verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
 /* The MTU a packet toward daddr may have when it leaves by interface ifindex: the interface's
@@ -619,8 +625,8 @@ static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn,
 /* A super-packet (GSO, or over the MTU) on a negotiated flow: compressed into the fewest packets
  * that fit the MTU, sent through the raw socket, the original dropped. One that does not
  * compress leaves unchanged: the kernel segments it after the hook, as it would without us. */
-static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p, uint32_t isn,
-                      size_t mtu, size_t mss_len, const struct route_ctx *rc, struct ctx *cx)
+static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
+                       size_t mtu, size_t mss_len, const struct route_ctx *rc, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs;
@@ -631,7 +637,8 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
         else
             COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
     int too_big = send_segments(cx, p->daddr, rc, nsegs, p->payload_off);
@@ -649,7 +656,8 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
             /* No cut fits (or the MTU did not fall): the original leaves whole and raw, and the
              * kernel segments it; the ranges that did leave compressed arrive twice. */
             COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
-            return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+            verdict(id, NF_ACCEPT, NULL, 0, cx);
+            return;
         }
         too_big = send_segments(cx, p->daddr, rc, n2, p->payload_off);
         memcpy(tiers, t2, sizeof tiers);
@@ -657,11 +665,8 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
-    COUNT(cx, TIER0, tiers[0]);
-    COUNT(cx, TIER8, tiers[1]);
-    COUNT(cx, TIER16, tiers[2]);
-    COUNT(cx, TIER32, tiers[3]);
-    return verdict(qh, id, NF_DROP, NULL, 0, cx);
+    count_tiers(cx, tiers);
+    verdict(id, NF_DROP, NULL, 0, cx);
 }
 
 /* A flow gives up compressing (nicd_flows_egress): logged once; this packet and all after it
@@ -671,8 +676,8 @@ static int egress_gso(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pk
  * byte, so that end would never move. So the last original byte sent compressed goes out raw
  * once more, alone in a segment at its place (the peer already has it, or takes the true byte):
  * the middlebox then has seen the whole range, and the peer's ACK passes. */
-static int give_up(struct nfq_q_handle *qh, uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
-                   const struct nicd_flow_info *fi, const struct route_ctx *rc, struct ctx *cx)
+static void give_up(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
+                    const struct nicd_flow_info *fi, const struct route_ctx *rc, struct ctx *cx)
 {
     char a[INET_ADDRSTRLEN] = "?", b[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &p->saddr, a, sizeof a);
@@ -701,43 +706,51 @@ static int give_up(struct nfq_q_handle *qh, uint32_t id, struct nfq_data *nfa, c
     memcpy(t + 16, &c, 2);
     nicd_set_tos(probe, p->tos);
     if (cx->raw_fd >= 0) {
-        verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
         flush(cx);
         if (send_one(cx, probe, len, p->daddr, rc) < 0)
             COUNT(cx, GSO_SEND_ERRORS, 1);
-        return 0;
+        return;
     }
-    if (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) /* never a rewritten GSO skb (see on_egress) */
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    if (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) { /* never a rewritten GSO skb (see egress) */
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
     /* no raw socket: the byte takes this packet's place; TCP resends the packet, raw */
     memcpy(OUT(cx), probe, len);
-    return verdict(qh, id, NF_ACCEPT, OUT(cx), len, cx);
+    verdict(id, NF_ACCEPT, OUT(cx), len, cx);
 }
 
 /* Egress: handshakes, then compression of tagged data on negotiated flows. */
-static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+static void egress(struct nfq_data *nfa, struct ctx *cx)
 {
-    (void)msg;
-    struct ctx *cx = data;
     uint32_t id;
     unsigned char *buf;
     int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
     cx->queue = cx->cfg->egress_queue;
-    if (cx->cfg->accept_only || len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK)
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
+    if (cx->cfg->accept_only || len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK) {
+        verdict(id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
+        return;
+    }
     COUNT(cx, EGRESS_PACKETS, 1);
     struct nicd_flow_key k;
     key_of(&p, &k, 0);
     uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
 
     int codec = codec_of_mark(cx, p.tos);
-    if (syn == TCP_SYN && codec)
-        return egress_syn(qh, id, &p, &k, cx);
-    if (syn == (TCP_SYN | TCP_ACK))
-        return egress_synack(qh, id, &p, &k, cx);
-    if (!codec || p.payload_len == 0)
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    if (syn == TCP_SYN && codec) {
+        egress_syn(id, &p, &k, cx);
+        return;
+    }
+    if (syn == (TCP_SYN | TCP_ACK)) {
+        egress_synack(id, &p, &k, cx);
+        return;
+    }
+    if (!codec || p.payload_len == 0) {
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
 
     struct nicd_flow_info fi;
     enum nicd_flow_state fs = nicd_flows_egress(&k, p.seq, (uint32_t)p.payload_len,
@@ -750,15 +763,18 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         rc.view = conntrack_view(cx, &p);
         nicd_flows_set_view(&k, &rc.view);
     }
-    if (fs == NICD_FLOW_GIVE_UP)
-        return give_up(qh, id, nfa, &p, &fi, &rc, cx);
+    if (fs == NICD_FLOW_GIVE_UP) {
+        give_up(id, nfa, &p, &fi, &rc, cx);
+        return;
+    }
     if (fs != NICD_FLOW_COMPRESS) {
         if (fs == NICD_FLOW_NONE)
             COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);
         else
             COUNT(cx, EGRESS_RAW_FELL_BACK, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     cx->echo = (uint16_t)(fi.peer_isn & NICD_ECHO_MASK);
     if (cx->cfg->gso) {
@@ -773,8 +789,10 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         size_t mss_len = 40 + (size_t)fi.peer_mss; /* the MSS counts from fixed 20-byte headers */
         if (mtu > mss_len)
             mtu = mss_len;
-        if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu)
-            return egress_gso(qh, id, &p, isn, mtu, mss_len, &rc, cx);
+        if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu) {
+            egress_gso(id, &p, isn, mtu, mss_len, &rc, cx);
+            return;
+        }
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
     ptrdiff_t r = nicd_compress_codec(&p, p.seq - isn - 1, codec, cx->cfg->error_bound,
@@ -786,36 +804,36 @@ static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         else /* NOT_SMALLER, or the encoder found no room (E_SPACE): the same outcome */
             COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     COUNT(cx, EGRESS_COMPRESSED, 1);
     COUNT(cx, EGRESS_ORIG_BYTES, p.payload_len);
     COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - p.payload_off);
-    COUNT(cx, TIER0, tiers[0]);
-    COUNT(cx, TIER8, tiers[1]);
-    COUNT(cx, TIER16, tiers[2]);
-    COUNT(cx, TIER32, tiers[3]);
-    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+    count_tiers(cx, tiers);
+    verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
 /* A handshake marked tos_hello arrives. Only one carrying our option is a soft NIC's: the
  * option is removed and the original ToS put back. A SYN is remembered as a half-open hello
  * (never touching a negotiated flow); an answer negotiates only if it echoes the nonce of our
  * hello for this flow, acknowledges our ISN exactly, and states the same settings. */
-static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd_pkt *p,
-                         const struct nicd_flow_key *k, uint8_t syn, struct ctx *cx)
+static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
+                          const struct nicd_flow_key *k, uint8_t syn, struct ctx *cx)
 {
     struct nicd_hello_opt o;
     int off = nicd_find_option(p, &o);
     if (off <= 0) {
         COUNT(cx, HELLO_WITHOUT_OPTION, 1);
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
     }
     ptrdiff_t r = nicd_strip_option(p, (size_t)off, (uint8_t)((p->tos & 3) | (o.orig_tos & 0xFC)),
                                     OUT(cx), sizeof OUT(cx));
     if (r < 0) {
         COUNT(cx, DROP_CHECKSUM, 1); /* the stack would drop it too */
-        return verdict(qh, id, NF_DROP, NULL, 0, cx);
+        verdict(id, NF_DROP, NULL, 0, cx);
+        return;
     }
     COUNT(cx, HELLO_RECEIVED, 1);
     int agree = settings_agree(cx, &o);
@@ -841,7 +859,7 @@ static int ingress_hello(struct nfq_q_handle *qh, uint32_t id, const struct nicd
         else
             COUNT(cx, FLOWS_NEGOTIATED, 1);
     }
-    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+    verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
 /* The answerer learns that the initiator accepted its answer from the initiator's first
@@ -874,37 +892,42 @@ static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_ke
 
 /* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
  * packet that cannot be restored is dropped, and TCP retransmits it. */
-static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+static void ingress(struct nfq_data *nfa, struct ctx *cx)
 {
-    (void)msg;
-    struct ctx *cx = data;
     uint32_t id;
     unsigned char *buf;
     int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
     cx->queue = cx->cfg->ingress_queue;
     COUNT(cx, INGRESS_PACKETS, 1);
-    if (cx->cfg->accept_only)
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    if (cx->cfg->accept_only) {
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
     int pr = len < 0 ? NICD_E_IP : nicd_parse(buf, (size_t)len, &p);
     if (pr != NICD_OK) {
         /* Only compressed packets and hellos are queued here: anything unparseable is hostile. */
         COUNT(cx, DROP_MALFORMED, 1);
-        return verdict(qh, id, NF_DROP, NULL, 0, cx);
+        verdict(id, NF_DROP, NULL, 0, cx);
+        return;
     }
     struct nicd_flow_key k;
     key_of(&p, &k, 1); /* our egress direction of this flow */
     uint8_t syn = p.tcp_flags & (TCP_SYN | TCP_ACK);
 
-    if (dscp_is(p.tos, cx->cfg->tos_hello) && (syn & TCP_SYN))
-        return ingress_hello(qh, id, &p, &k, syn, cx);
+    if (dscp_is(p.tos, cx->cfg->tos_hello) && (syn & TCP_SYN)) {
+        ingress_hello(id, &p, &k, syn, cx);
+        return;
+    }
     /* Queued without the compressed mark: a segment whose payload starts like a shim header
      * (rules.py, LOOKS_COMPRESSED). It is a compressed packet whose DSCP the network rewrote only
      * if its checksum is wrong by exactly the mark; anything else (an ordinary segment, or one
      * corrupted in transit, which the stack drops) passes untouched. */
     int rewritten = !dscp_is(p.tos, cx->cfg->tos_compressed);
-    if (rewritten && (syn & TCP_SYN || !nicd_marked_checksum(&p)))
-        return verdict(qh, id, NF_ACCEPT, NULL, 0, cx);
+    if (rewritten && (syn & TCP_SYN || !nicd_marked_checksum(&p))) {
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
 
     /* the mark the sender's codec stands for goes back on (codec 2: tos_scaled) */
     uint8_t mark = nicd_codec_of(&p) == NICD_CODEC_SCALED ? cx->cfg->tos_scaled : cx->cfg->tos_tagged;
@@ -919,7 +942,8 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
         case NICD_E_SPACE: COUNT(cx, DROP_TOO_BIG, 1); break;
         default: COUNT(cx, DROP_MALFORMED, 1); break;
         }
-        return verdict(qh, id, NF_DROP, NULL, 0, cx);
+        verdict(id, NF_DROP, NULL, 0, cx);
+        return;
     }
     COUNT(cx, INGRESS_RESTORED, 1);
     COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len);
@@ -930,7 +954,42 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
         if (nicd_flows_note_rewritten(&k))
             COUNT(cx, FLOWS_MARKS_REWRITTEN, 1);
     }
-    return verdict(qh, id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+    verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+}
+
+/* The libnetfilter_queue callbacks: each packet's verdict is queued in cx (verdict, flush). */
+static int on_egress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+{
+    (void)qh, (void)msg;
+    egress(nfa, data);
+    return 0;
+}
+
+static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+{
+    (void)qh, (void)msg;
+    ingress(nfa, data);
+    return 0;
+}
+
+/* A socket option the daemon sets; which one goes into the bit of `warned` below. */
+enum sockopt_id { OPT_QUEUE_RCVBUF, OPT_QUEUE_SNDBUF, OPT_QUEUE_NO_ENOBUFS, OPT_RAW_SNDBUF, OPT_RAW_RECVERR,
+                  OPT_CT_RCVTIMEO };
+
+/* Set a socket option; one the kernel refuses is said once per daemon (every queue thread sets
+ * the same options), on stderr as the daemon's log lines are, with what it costs. Returns 0 or -1. */
+static int sockopt(enum sockopt_id which, int fd, int level, int name, const void *v, socklen_t len,
+                   const char *what, const char *cost)
+{
+    static unsigned warned;
+    if (setsockopt(fd, level, name, v, len) == 0)
+        return 0;
+    int e = errno;
+    if (!(__atomic_fetch_or(&warned, 1u << which, __ATOMIC_RELAXED) & (1u << which))) {
+        fprintf(stderr, "nicd WARNING: %s failed (%s): %s\n", what, strerror(e), cost);
+        fflush(stderr);
+    }
+    return -1;
 }
 
 static int fail(char *err, size_t errlen, const char *what, int e)
@@ -963,7 +1022,12 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     /* optional: without it, the raw socket's packets keep the addresses the hook sees */
     if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
-        setsockopt(cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (sockopt(OPT_CT_RCVTIMEO, cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv, "SO_RCVTIMEO on the "
+                    "conntrack socket", "a conntrack question without an answer would stall the queue, so "
+                    "conntrack is not asked: gso packets of a NATed flow keep the addresses the hook sees") < 0) {
+            close(cx->ct_fd);
+            cx->ct_fd = -1;
+        }
     }
     if (cfg->gso && (cx->udp_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
         fail(err, errlen, "gso: cannot open a datagram socket", errno);
@@ -1001,13 +1065,19 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     }
     int fd = nfq_fd(h);
     int bufsize = 8 << 20, sndsize = 2 * BATCH_BYTES + (1 << 20), one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize); /* a whole batch */
+    sockopt(OPT_QUEUE_RCVBUF, fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize, "SO_RCVBUFFORCE",
+            "the queue socket keeps the default receive buffer: a burst may overflow it, its ingress packets "
+            "are dropped and its egress packets leave raw");
+    sockopt(OPT_QUEUE_SNDBUF, fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize, "SO_SNDBUFFORCE",
+            "a batch of verdicts may not fit the default send buffer: its packets are lost (verdict_errors)");
     if (cx->raw_fd >= 0) { /* a few super-packets' worth */
         int rawsize = 4 << 20;
-        setsockopt(cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize);
+        sockopt(OPT_RAW_SNDBUF, cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize,
+                "SO_SNDBUFFORCE on the raw socket", "sending a super-packet's compressed packets may wait for "
+                "room in the default send buffer");
         /* without it a raw socket reports a packet its qdisc dropped as sent */
-        setsockopt(cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one);
+        sockopt(OPT_RAW_RECVERR, cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one, "IP_RECVERR",
+                "compressed packets the qdisc drops are not counted (gso_send_errors)");
     }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];
@@ -1016,7 +1086,8 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         rio[i] = (struct iovec){rbuf + (size_t)i * RECV_BUF, RECV_BUF};
         mm[i] = (struct mmsghdr){.msg_hdr = {.msg_iov = &rio[i], .msg_iovlen = 1}};
     }
-    setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
+    sockopt(OPT_QUEUE_NO_ENOBUFS, fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one, "NETLINK_NO_ENOBUFS",
+            "a receive buffer overflow also fails the next read (recv_enobufs)");
 
     cfg->ready = 1;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
