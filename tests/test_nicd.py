@@ -266,7 +266,7 @@ def test_tagged_stream_equals_reconstruction(tmp_path, small, k):
         on_wire = rule_counts(h2, "compressed")[0]
     c1 = s1["counters"]
     assert s1["config"]["error_bound"] == k
-    assert_words_equal(got, want.tobytes(), f"error bound 2^{k}")
+    assert_restored_or_raw(got, small.tobytes(), want.tobytes(), c1["egress_raw_bytes"], f"error bound 2^{k}")
     assert c1["egress_compressed"] > 0
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c2["ingress_restored"] == c1["egress_compressed"]
