@@ -16,7 +16,7 @@ tag_preload = Extension(
     "inceptionn.shim._tagpreload",
     sources=["shim/inceptionn_tag.c", "shim/tag_policy.c"],
     include_dirs=["shim"],
-    depends=["shim/inceptionn_tag.h", "shim/tag_policy.h", "shim/inceptionn_contract.h"],
+    depends=["shim/inceptionn_tag.h", "shim/tag_policy.h", "shim/inceptionn_contract.h", "shim/log_line.h"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden"],
     libraries=["dl"],
 )
@@ -44,7 +44,8 @@ if (mpi := mpi_flags()) is not None:
         "inceptionn.collective._pmpi_allreduce",
         sources=["collective/pmpi_allreduce.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
-        depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h"],
+        depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h",
+                 "shim/log_line.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
                             "-ffp-contract=off"],  # the same roundings on every host, as the codecs
         library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], "m"], extra_link_args=mpi[3],

@@ -41,6 +41,7 @@
 
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
+#include "log_line.h"
 #include "pmpi_allreduce.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -94,12 +95,9 @@ static void say(const char *fmt, ...)
                     : snprintf(line, sizeof line, "inceptionn-mpi[%d]: ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    size_t len = log_line_finish(line, sizeof line, n, fmt, ap);
     va_end(ap);
-    if (n > (int)sizeof line - 2)
-        n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    ssize_t w = write(2, line, (size_t)n);
+    ssize_t w = write(2, line, len);
     (void)w;
 }
 

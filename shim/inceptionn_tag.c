@@ -55,6 +55,7 @@
 
 #include "inceptionn_contract.h"
 #include "inceptionn_tag.h"
+#include "log_line.h"
 #include "tag_policy.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -93,14 +94,11 @@ static void logmsg(const char *fmt, ...)
 {
     char line[1024];
     int saved = errno;
-    int len = snprintf(line, sizeof line, "inceptionn-tag[%d]: ", (int)getpid());
+    int prefix = snprintf(line, sizeof line, "inceptionn-tag[%d]: ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    len += vsnprintf(line + len, sizeof line - (size_t)len - 1, fmt, ap);
+    size_t len = log_line_finish(line, sizeof line, prefix, fmt, ap);
     va_end(ap);
-    if (len > (int)sizeof line - 2)
-        len = (int)sizeof line - 2;
-    line[len++] = '\n';
     /* A file is opened for every line: a program that closes or reuses descriptors can never
      * get our log lines written into one of its own files or sockets. */
     int fd = g_log_path[0] ? open(g_log_path, LOG_OPEN_FLAGS, 0644) : 2;
