@@ -8,13 +8,12 @@ gradients captured from training, tiled to the size asked) with, side by side in
   ring-gso  the same ring on tagged sockets: the soft NICs compress both legs (INC+C) in their
             default mode, gso (super-packets in, MTU-sized compressed packets out)
   gloo      torch.distributed's gloo allreduce (needs torch)
-  mpi       MPI_Allreduce through mpi4py, launched with ``inceptionn mpirun`` (OpenMPI defaults)
+  mpi       MPI_Allreduce through mpi4py, launched with inceptionn mpirun (OpenMPI defaults)
 
-and on request (--impls) the same unmodified mpi4py program under ``inceptionn mpirun
---compress-allreduce`` (collective/pmpi_allreduce.c): mpi-nic (the library's ring on tagged
-sockets, the soft NICs compress) and mpi-app (the codec in the library, no daemon involved);
-
-and on request (--impls): ring-app (the same ring compressing inside the collective, the codec
+and on request (--impls): mpi-nic and mpi-app, the same unmodified mpi4py program under
+inceptionn mpirun --compress-allreduce (collective/pmpi_allreduce.c), the library's ring on tagged
+sockets that the soft NICs compress, or with the codec in the library and no daemon involved;
+ring-app (the same ring compressing inside the collective, the codec
 in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it),
 ring-nic (ring-gso with the soft NICs restarted per packet, nicd --no-gso), ring-notag (the
 compressing ring's computation on untagged sockets: the cost of the application side alone), wa
