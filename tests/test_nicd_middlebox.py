@@ -21,7 +21,7 @@ from test_nicd import add_counting_rule, assert_words_equal, recon, rule_counts,
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
-A_NET, B_NET, VIP_NET = "198.18.1", "198.18.2", "198.18.3"
+A_NET, B_NET, VIP_NET = "198.18.1", "198.18.2", "198.18.3"   # RoutedTestbed's /24s of h1, h2
 VIP = f"{VIP_NET}.10"      # a service address that a's NAT maps to b (Kubernetes' ClusterIP)
 DEAD_GW = f"{A_NET}.253"   # a gateway nobody answers for
 DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
@@ -29,48 +29,25 @@ DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malfor
 
 @dataclass
 class Routed:
-    a: object  # testbed.Host: 198.18.1.1 on eth0
-    r: object  # the router: ra 198.18.1.254 (toward a), rb 198.18.2.254 (toward b)
-    b: object  # 198.18.2.1 on eth0
+    a: object  # testbed.Host h1: 198.18.1.2 on eth0
+    r: object  # the router: port h1 198.18.1.1 (toward a), h2 198.18.2.1 (toward b)
+    b: object  # h2: 198.18.2.2 on eth0
 
 
 @contextlib.contextmanager
 def routed(name: str, mtu_rb: int = 1500, mtu_b: int | None = None):
-    """Three namespaces inc-NAME-{a,r,b}: a and b on their own /24, the router forwarding between
-    them. mtu_rb: the router's link toward b (the hop a's packets must fit), mtu_b: b's own
-    interface (default mtu_rb). Removed on exit (and by the tb_name fixture on failure)."""
+    """kernel_tc.testbed.RoutedTestbed with two hosts (a = h1, b = h2, the router between them),
+    and b's side narrowed: mtu_rb on the router's port toward b (the hop a's packets must fit),
+    mtu_b on b's own interface (default mtu_rb). Removed on exit."""
     from inceptionn.kernel_tc import netns as ns
-    from inceptionn.kernel_tc.testbed import Host, teardown
+    from inceptionn.kernel_tc.testbed import RoutedTestbed
 
-    mtu_b = mtu_b or mtu_rb
-    names = {x: f"inc-{name}-{x}" for x in "arb"}
-    try:
-        for n in names.values():
-            ns.create(n)
-        with ns.ipr(names["r"]) as r:
-            r.link("set", index=r.link_lookup(ifname="lo")[0], state="up")
-            for port, host, ip, mtu in (("ra", "a", f"{A_NET}.254", 1500), ("rb", "b", f"{B_NET}.254", mtu_rb)):
-                r.link("add", ifname=port, kind="veth", peer={"ifname": "eth0", "net_ns_fd": names[host]})
-                i = r.link_lookup(ifname=port)[0]
-                r.link("set", index=i, mtu=mtu, state="up")
-                r.addr("add", index=i, address=ip, prefixlen=24)
-        hosts = {}
-        for x, net, mtu, routes in (("a", A_NET, 1500, (B_NET, VIP_NET)), ("b", B_NET, mtu_b, (A_NET,))):
-            with ns.ipr(names[x]) as h:
-                h.link("set", index=h.link_lookup(ifname="lo")[0], state="up")
-                eth = h.link_lookup(ifname="eth0")[0]
-                h.link("set", index=eth, mtu=mtu, state="up")
-                h.addr("add", index=eth, address=f"{net}.1", prefixlen=24)
-                for dst in routes:
-                    h.route("add", dst=f"{dst}.0/24", gateway=f"{net}.254")
-            hosts[x] = Host(name=x, netns=names[x], ifname="eth0", ip=f"{net}.1", prefixlen=24, mtu=mtu,
-                            rate_bps=None, switch_port="")
-        ns.run(names["r"], ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
-        router = Host(name="r", netns=names["r"], ifname="ra", ip=f"{A_NET}.254", prefixlen=24, mtu=1500,
-                      rate_bps=None, switch_port="")
-        yield Routed(hosts["a"], router, hosts["b"])
-    finally:
-        teardown(name)
+    with RoutedTestbed(hosts=2, mtu=1500, name=name) as tb:
+        a, b = tb.hosts
+        for netns, ifname, mtu in ((tb.router.netns, b.switch_port, mtu_rb), (b.netns, b.ifname, mtu_b or mtu_rb)):
+            with ns.ipr(netns) as ipr:
+                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=mtu)
+        yield Routed(a, tb.router, b)
 
 
 def iptables(host, *args):
@@ -135,7 +112,7 @@ def test_compressed_packets_fit_what_the_connection_may_carry(tb_name, tmp_path,
         if hop == "mss_clamp":
             iptables(t.r, "-t", "mangle", "-A", "FORWARD", "-p", "tcp", "--tcp-flags", "SYN,RST", "SYN",
                      "-j", "TCPMSS", "--set-mss", "1200")
-        iptables(t.r, "-t", "raw", "-A", "PREROUTING", "-i", "ra", "-m", "length", "--length", "1301:65535",
+        iptables(t.r, "-t", "raw", "-A", "PREROUTING", "-i", t.a.switch_port, "-m", "length", "--length", "1301:65535",
                  "-m", "comment", "--comment", "nt-big")
         with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
             got = transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=40)
@@ -158,7 +135,7 @@ def test_compressed_packets_follow_policy_routing(tb_name, tmp_path, small, rule
     want = recon(small, -10).tobytes()
     with routed(tb_name) as t:
         t.a.run(["ip", "route", "replace", f"{B_NET}.0/24", "via", DEAD_GW], check=True)
-        t.a.run(["ip", "route", "add", f"{B_NET}.0/24", "via", f"{A_NET}.254", "table", "100"], check=True)
+        t.a.run(["ip", "route", "add", f"{B_NET}.0/24", "via", t.r.ip, "table", "100"], check=True)
         match = ["fwmark", "7"] if rule == "fwmark" else ["ipproto", "tcp"]
         t.a.run(["ip", "rule", "add", *match, "lookup", "100", "priority", "100"], check=True)
         with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
