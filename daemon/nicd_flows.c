@@ -110,8 +110,17 @@ static uint64_t siphash(const uint8_t key[16], const uint8_t *in, size_t len)
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
-static size_t key_bytes(const struct nicd_flow_key *k, uint8_t b[16])
+/* The bytes a key hashes: 12 for IPv4 (addresses, ports), 36 for IPv6. SipHash counts the
+ * length in, so the two families never share an input. */
+static size_t key_bytes(const struct nicd_flow_key *k, uint8_t b[36])
 {
+    if (k->v6) {
+        memcpy(b, k->saddr6, 16);
+        memcpy(b + 16, k->daddr6, 16);
+        memcpy(b + 32, &k->sport, 2);
+        memcpy(b + 34, &k->dport, 2);
+        return 36;
+    }
     memcpy(b, &k->saddr, 4);
     memcpy(b + 4, &k->daddr, 4);
     memcpy(b + 8, &k->sport, 2);
@@ -121,13 +130,13 @@ static size_t key_bytes(const struct nicd_flow_key *k, uint8_t b[16])
 
 static uint64_t hash(const struct nicd_flow_key *k)
 {
-    uint8_t b[16];
+    uint8_t b[36];
     return siphash(table_key, b, key_bytes(k, b));
 }
 
 void nicd_flows_nonce(const struct nicd_flow_key *k, uint32_t isn, uint8_t nonce[NICD_NONCE_LEN])
 {
-    uint8_t b[16];
+    uint8_t b[40];
     size_t n = key_bytes(k, b);
     memcpy(b + n, &isn, 4);
     uint64_t h = siphash(nonce_key, b, n + 4);
@@ -136,8 +145,11 @@ void nicd_flows_nonce(const struct nicd_flow_key *k, uint32_t isn, uint8_t nonce
 
 static int same(const struct nicd_flow_key *a, const struct nicd_flow_key *b)
 {
-    return a->saddr == b->saddr && a->daddr == b->daddr && a->sport == b->sport &&
-           a->dport == b->dport;
+    if (a->sport != b->sport || a->dport != b->dport || a->v6 != b->v6)
+        return 0;
+    if (a->v6)
+        return memcmp(a->saddr6, b->saddr6, 16) == 0 && memcmp(a->daddr6, b->daddr6, 16) == 0;
+    return a->saddr == b->saddr && a->daddr == b->daddr;
 }
 
 static int random_bytes(uint8_t *b, size_t n)

@@ -19,9 +19,12 @@
 
 #include "nicd_packet.h"
 
+/* IPv4 keys hash and compare their 12 bytes of addresses and ports only, as before IPv6. */
 struct nicd_flow_key {
-    uint32_t saddr, daddr; /* network order, as in the header */
+    uint32_t saddr, daddr; /* IPv4, network order, as in the header (0 for IPv6) */
     uint16_t sport, dport; /* host order */
+    uint8_t v6;            /* 1: IPv6, addresses in saddr6/daddr6 */
+    uint8_t saddr6[16], daddr6[16];
 };
 
 enum nicd_hello_state {
@@ -76,6 +79,8 @@ struct nicd_flow_view {
     uint8_t known;     /* 0: not looked up yet; 1: as the hook sees them; 2: these addresses */
     uint32_t saddr, daddr;
     uint16_t sport, dport;
+    uint8_t v6;        /* 1: IPv6, addresses in saddr6/daddr6 */
+    uint8_t saddr6[16], daddr6[16];
 };
 
 struct nicd_flow_info {

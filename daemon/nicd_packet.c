@@ -37,8 +37,24 @@ static uint16_t fold(uint64_t acc)
     return (uint16_t)acc;
 }
 
+/* IP header bytes of a well-formed packet: IPv6's fixed header, or IPv4's IHL. */
+static size_t ip_hdr_len(const uint8_t *ip)
+{
+    return (ip[0] >> 4) == 6 ? 40 : (size_t)(ip[0] & 15) * 4;
+}
+
 static uint64_t pseudo_header(const uint8_t *ip, size_t tcp_len)
 {
+    if ((ip[0] >> 4) == 6) { /* RFC 8200 section 8.1: addresses, 32-bit length, 3 zeros, 6 */
+        uint8_t ph[40];
+        memcpy(ph, ip + 8, 32);
+        ph[32] = ph[33] = 0;
+        ph[34] = (uint8_t)(tcp_len >> 8);
+        ph[35] = (uint8_t)tcp_len;
+        ph[36] = ph[37] = ph[38] = 0;
+        ph[39] = 6;
+        return sum_le(ph, sizeof ph, 0);
+    }
     uint8_t ph[12];
     memcpy(ph, ip + 12, 8); /* saddr, daddr */
     ph[8] = 0;
@@ -48,10 +64,10 @@ static uint64_t pseudo_header(const uint8_t *ip, size_t tcp_len)
     return sum_le(ph, sizeof ph, 0);
 }
 
-/* Checksum of the TCP segment of a well-formed IPv4 packet of length len (field included). */
+/* Checksum of the TCP segment of a well-formed IPv4 or IPv6 packet of length len (field included). */
 uint16_t nicd_tcp_checksum(const uint8_t *ip, size_t len)
 {
-    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    size_t ihl = ip_hdr_len(ip);
     return (uint16_t)~fold(sum_le(ip + ihl, len - ihl, pseudo_header(ip, len - ihl)));
 }
 
@@ -65,7 +81,7 @@ static void fix_ip_checksum(uint8_t *ip)
 
 static void fix_tcp_checksum(uint8_t *ip, size_t len)
 {
-    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    size_t ihl = ip_hdr_len(ip);
     ip[ihl + 16] = ip[ihl + 17] = 0;
     uint16_t c = nicd_tcp_checksum(ip, len);
     memcpy(ip + ihl + 16, &c, 2);
@@ -86,7 +102,7 @@ static uint16_t segment_sum(const struct nicd_pkt *p)
  * until a soft NIC restores it, whatever DSCP it arrives with. */
 static void mark_tcp_checksum(uint8_t *ip)
 {
-    size_t ihl = (size_t)(ip[0] & 15) * 4;
+    size_t ihl = ip_hdr_len(ip);
     uint16_t c;
     memcpy(&c, ip + ihl + 16, 2);
     c = fold((uint64_t)c + CSUM_MARK_LE);
@@ -98,8 +114,19 @@ int nicd_marked_checksum(const struct nicd_pkt *p)
     return segment_sum(p) == CSUM_MARK_LE;
 }
 
+/* IPv6's traffic class: bits 4..11 of the first 32-bit word, after the version nibble. */
+static void set_tclass(uint8_t *ip, uint8_t tos)
+{
+    ip[0] = (uint8_t)(0x60 | tos >> 4);
+    ip[1] = (uint8_t)(tos << 4 | (ip[1] & 15));
+}
+
 void nicd_set_tos(uint8_t *ip, uint8_t tos)
 {
+    if ((ip[0] >> 4) == 6) {
+        set_tclass(ip, tos);
+        return;
+    }
     ip[1] = tos;
     fix_ip_checksum(ip);
 }
@@ -162,9 +189,41 @@ static uint32_t payload_crc(const uint8_t *c, size_t len)
 
 /* ---- parsing ------------------------------------------------------------------------------ */
 
-int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
+/* IPv6 next-header values that are extension headers (RFC 8200 section 4, the IANA list):
+ * hop-by-hop, routing, fragment, ESP, AH, destination options, mobility, HIP, shim6, and the
+ * two experimental ones. */
+static int ipv6_ext_header(uint8_t nh)
 {
-    if (caplen < 20 || (b[0] >> 4) != 4)
+    switch (nh) {
+    case 0: case 43: case 44: case 50: case 51: case 60: case 135: case 139: case 140: case 253: case 254:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The IP layer: header length and total length, checked against caplen; addresses, ToS. */
+static int parse_ip(const uint8_t *b, size_t caplen, struct nicd_pkt *p, size_t *ihl_out, size_t *tot_out)
+{
+    if (caplen < 20)
+        return NICD_E_IP;
+    if ((b[0] >> 4) == 6) {
+        if (caplen < 40)
+            return NICD_E_IP;
+        p->v6 = 1;
+        p->tos = (uint8_t)(b[0] << 4 | b[1] >> 4);
+        size_t tot = 40 + (((size_t)b[4] << 8) | b[5]);
+        if (tot > caplen) /* a payload length past the packet (or a jumbogram's 0) */
+            return NICD_E_IP;
+        if (b[6] != 6) /* TCP right after the fixed header, or not ours to transform */
+            return ipv6_ext_header(b[6]) ? NICD_E_EXT_HEADER : NICD_E_NOT_TCP;
+        p->saddr = p->daddr = 0;
+        memcpy(p->saddr6, b + 8, 16);
+        memcpy(p->daddr6, b + 24, 16);
+        *ihl_out = 40, *tot_out = tot;
+        return NICD_OK;
+    }
+    if ((b[0] >> 4) != 4)
         return NICD_E_IP;
     size_t ihl = (size_t)(b[0] & 15) * 4;
     size_t tot = ((size_t)b[2] << 8) | b[3];
@@ -172,6 +231,20 @@ int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
         return NICD_E_IP;
     if (b[9] != 6 || ((((unsigned)b[6] << 8) | b[7]) & 0x3FFF) != 0) /* TCP, not a fragment */
         return NICD_E_NOT_TCP;
+    p->v6 = 0;
+    p->tos = b[1];
+    memcpy(&p->saddr, b + 12, 4);
+    memcpy(&p->daddr, b + 16, 4);
+    *ihl_out = ihl, *tot_out = tot;
+    return NICD_OK;
+}
+
+int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
+{
+    size_t ihl, tot;
+    int r = parse_ip(b, caplen, p, &ihl, &tot);
+    if (r != NICD_OK)
+        return r;
     if (tot - ihl < 20)
         return NICD_E_TCP;
     const uint8_t *t = b + ihl;
@@ -184,14 +257,11 @@ int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
     p->thl = thl;
     p->payload_off = ihl + thl;
     p->payload_len = tot - ihl - thl;
-    memcpy(&p->saddr, b + 12, 4);
-    memcpy(&p->daddr, b + 16, 4);
     p->sport = (uint16_t)((t[0] << 8) | t[1]);
     p->dport = (uint16_t)((t[2] << 8) | t[3]);
     p->seq = ((uint32_t)t[4] << 24) | ((uint32_t)t[5] << 16) | ((uint32_t)t[6] << 8) | t[7];
     p->ack = ((uint32_t)t[8] << 24) | ((uint32_t)t[9] << 16) | ((uint32_t)t[10] << 8) | t[11];
     p->tcp_flags = t[13];
-    p->tos = b[1];
     return NICD_OK;
 }
 
@@ -199,11 +269,22 @@ int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
 
 static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
 {
-    out[2] = (uint8_t)(len >> 8);
-    out[3] = (uint8_t)len;
-    out[1] = tos;
-    fix_ip_checksum(out);
+    if ((out[0] >> 4) == 6) { /* payload length; no header checksum */
+        out[4] = (uint8_t)((len - 40) >> 8);
+        out[5] = (uint8_t)(len - 40);
+        set_tclass(out, tos);
+    } else {
+        out[2] = (uint8_t)(len >> 8);
+        out[3] = (uint8_t)len;
+        out[1] = tos;
+        fix_ip_checksum(out);
+    }
     fix_tcp_checksum(out, len);
+}
+
+void nicd_finish(uint8_t *ip, size_t len, uint8_t tos)
+{
+    finish_packet(ip, len, tos);
 }
 
 /* Write the shim header in front of a compressed payload of clen bytes whose body (raw ends
@@ -345,9 +426,11 @@ static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *h
     memcpy(c + NICD_HDR_LEN + nhead + slen, tail, ntail);
     size_t clen = NICD_HDR_LEN + nhead + slen + ntail;
     seal_payload(c, nhead, ntail, echo, nfloats, clen, codec, scale);
-    uint16_t id = (uint16_t)(((unsigned)p->ip[4] << 8 | p->ip[5]) + idx); /* as the kernel's GSO */
-    out[4] = (uint8_t)(id >> 8);
-    out[5] = (uint8_t)id;
+    if (!p->v6) { /* IPv6 has no IP id outside a fragment header */
+        uint16_t id = (uint16_t)(((unsigned)p->ip[4] << 8 | p->ip[5]) + idx); /* as the kernel's GSO */
+        out[4] = (uint8_t)(id >> 8);
+        out[5] = (uint8_t)id;
+    }
     uint8_t *t = out + p->ihl;
     uint32_t seq = p->seq + (uint32_t)off;
     t[4] = (uint8_t)(seq >> 24), t[5] = (uint8_t)(seq >> 16), t[6] = (uint8_t)(seq >> 8), t[7] = (uint8_t)seq;
@@ -580,7 +663,7 @@ const char *nicd_strerror(int r)
     case NICD_OK: return "ok";
     case NICD_NOT_SMALLER: return "compressed form not smaller";
     case NICD_TOO_SHORT: return "payload holds no whole float";
-    case NICD_E_IP: return "malformed IPv4 header";
+    case NICD_E_IP: return "malformed IP header";
     case NICD_E_NOT_TCP: return "not TCP or a fragment";
     case NICD_E_TCP: return "malformed TCP header";
     case NICD_E_CHECKSUM: return "bad TCP checksum";
@@ -588,6 +671,7 @@ const char *nicd_strerror(int r)
     case NICD_E_CRC: return "CRC32C mismatch";
     case NICD_E_DECODE: return "malformed group stream";
     case NICD_E_SPACE: return "restored packet too large";
+    case NICD_E_EXT_HEADER: return "IPv6 extension header";
     default: return "unknown";
     }
 }

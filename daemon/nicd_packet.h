@@ -1,6 +1,6 @@
 /*
- * Soft-NIC packet transforms: compress the payload of a tagged IPv4/TCP packet, restore it on
- * the other side. Pure functions over byte buffers (no netfilter here), so they are unit-tested
+ * Soft-NIC packet transforms: compress the payload of a tagged IPv4/TCP or IPv6/TCP packet,
+ * restore it on the other side. Pure functions over byte buffers (no netfilter here), so they are unit-tested
  * and fuzzed on their own. The wire format is documented in docs/wire-format.md.
  *
  * Compressed payload = 11-byte shim header, then `head` raw bytes (up to the stream's next float
@@ -13,7 +13,9 @@
  *   6  CRC32C of the compressed payload with this field zeroed (uint32 little-endian)
  *  10  codec 1: zero; codec 2: x (int8, |x| <= NICD_SCALE_MAX), the floats were multiplied by 2^x
  * echo: the low 12 bits of the receiver's ISN (the answerer confirms a flow with it; restoring
- * ignores it). The IP DSCP says "compressed"; TCP sequence numbers keep counting original bytes.
+ * ignores it). The IP DSCP (IPv4 ToS byte, IPv6 traffic class) says "compressed"; TCP sequence
+ * numbers keep counting original bytes. IPv6: the fixed 40-byte header directly followed by TCP
+ * only; a packet with any extension header is never transformed (NICD_E_EXT_HEADER).
  * The TCP checksum of a compressed packet is deliberately wrong by NICD_CSUM_MARK: no TCP stack
  * accepts it, whatever the network did to its DSCP, until a soft NIC has restored it.
  */
@@ -47,7 +49,7 @@ enum nicd_result {
     NICD_OK = 0,
     NICD_NOT_SMALLER = 1,   /* compressed form is not smaller: send raw */
     NICD_TOO_SHORT = 2,     /* payload too short to hold a float: send raw */
-    NICD_E_IP = -1,         /* not a well-formed IPv4 packet */
+    NICD_E_IP = -1,         /* not a well-formed IPv4 or IPv6 packet */
     NICD_E_NOT_TCP = -2,    /* not TCP, or a fragment */
     NICD_E_TCP = -3,        /* malformed TCP header */
     NICD_E_CHECKSUM = -4,   /* TCP checksum of the received packet is wrong (for a compressed
@@ -57,6 +59,8 @@ enum nicd_result {
     NICD_E_DECODE = -7,     /* group stream malformed */
     NICD_E_SPACE = -8,      /* result would exceed NICD_MAX_VERDICT bytes or the buffer; or no
                                room for the hello option */
+    NICD_E_EXT_HEADER = -9, /* IPv6 with an extension header before TCP (hop-by-hop, routing,
+                               fragment, destination options, ...): never transformed */
 };
 
 /* TCP header flags (byte 13), as nicd_pkt.tcp_flags holds them. */
@@ -66,11 +70,12 @@ enum nicd_result {
 #define TCP_ACK 0x10
 #define TCP_CWR 0x80
 
-/* A parsed IPv4/TCP packet; ports and seq in host order, addresses as on the wire. */
+/* A parsed IPv4/TCP or IPv6/TCP packet; ports and seq in host order, addresses as on the wire. */
 struct nicd_pkt {
     const uint8_t *ip;
-    size_t len;        /* IP total length (the captured length may not be shorter) */
-    size_t ihl;        /* IP header bytes */
+    size_t len;        /* IP total length (IPv6: 40 + payload length; the captured length may
+                          not be shorter) */
+    size_t ihl;        /* IP header bytes (IPv6: 40) */
     size_t thl;        /* TCP header bytes */
     size_t payload_off;
     size_t payload_len;
@@ -78,9 +83,14 @@ struct nicd_pkt {
     uint16_t sport, dport;
     uint32_t seq, ack;
     uint8_t tcp_flags;
-    uint8_t tos;
+    uint8_t tos;       /* IPv4 ToS byte, IPv6 traffic class (DSCP and ECN alike) */
+    uint8_t v6;        /* 1: IPv6, addresses in saddr6/daddr6 (saddr, daddr are 0) */
+    uint8_t saddr6[16], daddr6[16];
 };
 
+/* Parse an IPv4 or IPv6 packet (by its version nibble) of caplen bytes. NICD_OK fills *p. On
+ * NICD_E_EXT_HEADER only p->v6 and p->tos are set (the fixed header's), so a caller can tell a
+ * tagged packet it leaves raw. */
 int nicd_parse(const uint8_t *buf, size_t caplen, struct nicd_pkt *p);
 
 /*
@@ -188,10 +198,16 @@ ptrdiff_t nicd_add_option(const struct nicd_pkt *p, const struct nicd_hello_opt 
 ptrdiff_t nicd_strip_option(const struct nicd_pkt *p, size_t off, uint8_t tos, uint8_t *out,
                             size_t cap);
 
-/* Rewrite the ToS byte of an IPv4 packet in place and fix the header checksum. */
+/* Rewrite the ToS byte of an IPv4 packet in place and fix the header checksum; or the traffic
+ * class of an IPv6 packet (which has no header checksum). */
 void nicd_set_tos(uint8_t *ip, uint8_t tos);
 
-/* Checksum helpers, exported for tests. */
+/* Set a well-formed packet's length (IPv4 total length, IPv6 payload length) to len and its
+ * ToS / traffic class to tos, then write its IPv4 header checksum and a right TCP checksum. */
+void nicd_finish(uint8_t *ip, size_t len, uint8_t tos);
+
+/* Checksum helpers, exported for tests. The TCP checksum covers the IPv4 pseudo-header, or the
+ * IPv6 one (RFC 8200 section 8.1: addresses, 32-bit upper-layer length, next header 6). */
 uint16_t nicd_tcp_checksum(const uint8_t *ip, size_t len);
 uint32_t nicd_crc32c(uint32_t crc, const uint8_t *buf, size_t len);
 
