@@ -51,7 +51,9 @@
 /* gso: the path MTU toward a destination, per egress interface, re-read every second. */
 #define MTU_CACHE 16
 struct path_mtu {
-    uint32_t daddr, ifindex, checked;
+    uint8_t daddr[16]; /* IPv4: the first 4 bytes */
+    uint8_t v6;
+    uint32_t ifindex, checked;
     size_t mtu;
 };
 
@@ -78,15 +80,17 @@ struct ctx {
     int niov;
     float scratch[16384 + 16];
     uint8_t out[BATCH][NICD_MAX_PACKET + 64];
-    /* gso: the raw socket the compressed packets of a super-packet leave by, their bytes, the
-     * encoded stream they are cut from, and the last egress interface's MTU */
-    int raw_fd;
+    /* gso: the raw socket the compressed packets of a super-packet leave by (raw6_fd: IPv6's,
+     * -1 without IPv6), their bytes, the encoded stream they are cut from, and the last egress
+     * interface's MTU */
+    int raw_fd, raw6_fd;
     size_t seg_len[GSO_MAX_SEGS];
     uint8_t segs[NICD_MAX_PACKET + GSO_MAX_SEGS * 128];
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
-    int udp_fd; /* unsent-to, connected only to look up a destination's path MTU */
+    int udp_fd, udp6_fd; /* unsent-to, connected only to look up a destination's path MTU */
     struct path_mtu mtus[MTU_CACHE];
     int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
+    int no_proto6;     /* ... or the protocol in sin6_port on the IPv6 one */
     int ct_fd;         /* ctnetlink: a flow's addresses before NAT (conntrack_view) */
     uint32_t ct_seq;
 };
@@ -171,6 +175,11 @@ static void key_of(const struct nicd_pkt *p, struct nicd_flow_key *k, int revers
         k->saddr = p->saddr, k->daddr = p->daddr, k->sport = p->sport, k->dport = p->dport;
     } else {
         k->saddr = p->daddr, k->daddr = p->saddr, k->sport = p->dport, k->dport = p->sport;
+    }
+    k->v6 = p->v6;
+    if (p->v6) {
+        memcpy(k->saddr6, reverse ? p->daddr6 : p->saddr6, 16);
+        memcpy(k->daddr6, reverse ? p->saddr6 : p->daddr6, 16);
     }
 }
 
@@ -282,37 +291,65 @@ static void egress_synack(uint32_t id, const struct nicd_pkt *p,
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
-/* The MTU a packet toward daddr may have when it leaves by interface ifindex: the interface's
- * MTU, lowered to the route's (a route `mtu`, or a path MTU learned from ICMP: what TCP cuts its
- * segments to). A compressed packet sized to the interface alone would not pass a smaller path
- * MTU: the raw socket refuses it (EMSGSIZE, DF is set), and the flow would only crawl on through
- * its one-MSS retransmissions. Cached per thread for a second (fresh: looked up now); 0 if
- * unknown. */
-static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, uint32_t daddr, int fresh)
+/* The MTU a packet toward p's destination may have when it leaves by interface ifindex: the
+ * interface's MTU, lowered to the route's (a route `mtu`, or a path MTU learned from ICMP or
+ * ICMPv6 "packet too big": what TCP cuts its segments to). A compressed packet sized to the
+ * interface alone would not pass a smaller path MTU: the raw socket refuses it (EMSGSIZE, DF is
+ * set; IPv6 routers never fragment either), and the flow would only crawl on through its one-MSS
+ * retransmissions. Cached per thread for a second (fresh: looked up now); 0 if unknown. */
+static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, const struct nicd_pkt *p, int fresh)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    /* every bit of the address counts: the peers of one host usually share a /24 */
-    uint32_t h = (ntohl(daddr) ^ ifindex) * 0x9E3779B1u;
+    uint8_t daddr[16] = {0};
+    uint32_t h;
+    if (p->v6) {
+        memcpy(daddr, p->daddr6, 16);
+        h = 0;
+        for (int i = 0; i < 16; i += 4)
+            h = (h ^ ((uint32_t)daddr[i] << 24 | (uint32_t)daddr[i + 1] << 16 | daddr[i + 2] << 8 | daddr[i + 3])) *
+                0x9E3779B1u;
+        h = (h ^ ifindex) * 0x9E3779B1u;
+    } else {
+        memcpy(daddr, &p->daddr, 4);
+        /* every bit of the address counts: the peers of one host usually share a /24 */
+        h = (ntohl(p->daddr) ^ ifindex) * 0x9E3779B1u;
+    }
     struct path_mtu *e = &cx->mtus[(h >> 16) % MTU_CACHE];
-    if (!fresh && e->daddr == daddr && e->ifindex == ifindex && e->checked == (uint32_t)ts.tv_sec &&
-        e->checked)
+    if (!fresh && e->v6 == p->v6 && memcmp(e->daddr, daddr, 16) == 0 && e->ifindex == ifindex &&
+        e->checked == (uint32_t)ts.tv_sec && e->checked)
         return e->mtu;
     struct ifreq ifr = {0};
     size_t mtu = 0;
-    if (ifindex && if_indextoname(ifindex, ifr.ifr_name) && ioctl(cx->raw_fd, SIOCGIFMTU, &ifr) == 0 &&
+    int fd = p->v6 ? cx->udp6_fd : cx->udp_fd;
+    if (fd >= 0 && ifindex && if_indextoname(ifindex, ifr.ifr_name) && ioctl(fd, SIOCGIFMTU, &ifr) == 0 &&
         ifr.ifr_mtu > 0)
         mtu = (size_t)ifr.ifr_mtu;
     /* connect() on a datagram socket only looks the route up (through that interface) */
     int oif = (int)ifindex, route_mtu = 0;
     socklen_t sl = sizeof route_mtu;
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9), .sin_addr.s_addr = daddr};
-    if (mtu && setsockopt(cx->udp_fd, SOL_SOCKET, SO_BINDTOIFINDEX, &oif, sizeof oif) == 0 &&
-        connect(cx->udp_fd, (struct sockaddr *)&to, sizeof to) == 0 &&
-        getsockopt(cx->udp_fd, IPPROTO_IP, IP_MTU, &route_mtu, &sl) == 0 && route_mtu > 0 &&
-        (size_t)route_mtu < mtu)
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in;
+        struct sockaddr_in6 in6;
+    } to = {0};
+    socklen_t tolen;
+    if (p->v6) {
+        to.in6 = (struct sockaddr_in6){.sin6_family = AF_INET6, .sin6_port = htons(9),
+                                       .sin6_scope_id = IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)daddr) ? ifindex : 0};
+        memcpy(&to.in6.sin6_addr, daddr, 16);
+        tolen = sizeof to.in6;
+    } else {
+        to.in = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(9), .sin_addr.s_addr = p->daddr};
+        tolen = sizeof to.in;
+    }
+    if (mtu && setsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &oif, sizeof oif) == 0 &&
+        connect(fd, &to.sa, tolen) == 0 &&
+        getsockopt(fd, p->v6 ? IPPROTO_IPV6 : IPPROTO_IP, p->v6 ? IPV6_MTU : IP_MTU, &route_mtu, &sl) == 0 &&
+        route_mtu > 0 && (size_t)route_mtu < mtu)
         mtu = (size_t)route_mtu;
-    *e = (struct path_mtu){.daddr = daddr, .ifindex = ifindex, .checked = (uint32_t)ts.tv_sec, .mtu = mtu};
+    *e = (struct path_mtu){.v6 = p->v6, .ifindex = ifindex, .checked = (uint32_t)ts.tv_sec, .mtu = mtu};
+    memcpy(e->daddr, daddr, 16);
     return mtu;
 }
 
@@ -352,7 +389,7 @@ static uint16_t nla_type_at(const uint8_t *a)
     return h.nla_type & NLA_TYPE_MASK;
 }
 
-/* A CTA_TUPLE_* body into *v; 1 if it held IPv4 addresses and TCP ports. */
+/* A CTA_TUPLE_* body into *v; 1 if it held addresses of v's family (v->v6) and TCP ports. */
 static int parse_tuple(const uint8_t *b, size_t len, struct nicd_flow_view *v)
 {
     int got = 0;
@@ -361,12 +398,16 @@ static int parse_tuple(const uint8_t *b, size_t len, struct nicd_flow_view *v)
         size_t inlen = nla_len_at(a) - NLA_HDRLEN;
         if (nla_type_at(a) == CTA_TUPLE_IP) {
             FOR_NLA(x, in, inlen) {
-                if (nla_len_at(x) < NLA_HDRLEN + 4)
+                if (nla_len_at(x) < NLA_HDRLEN + (v->v6 ? 16 : 4))
                     continue;
-                if (nla_type_at(x) == CTA_IP_V4_SRC)
+                if (!v->v6 && nla_type_at(x) == CTA_IP_V4_SRC)
                     memcpy(&v->saddr, x + NLA_HDRLEN, 4), got |= 1;
-                else if (nla_type_at(x) == CTA_IP_V4_DST)
+                else if (!v->v6 && nla_type_at(x) == CTA_IP_V4_DST)
                     memcpy(&v->daddr, x + NLA_HDRLEN, 4), got |= 2;
+                else if (v->v6 && nla_type_at(x) == CTA_IP_V6_SRC)
+                    memcpy(v->saddr6, x + NLA_HDRLEN, 16), got |= 1;
+                else if (v->v6 && nla_type_at(x) == CTA_IP_V6_DST)
+                    memcpy(v->daddr6, x + NLA_HDRLEN, 16), got |= 2;
             }
         } else if (nla_type_at(a) == CTA_TUPLE_PROTO) {
             FOR_NLA(x, in, inlen) {
@@ -394,12 +435,17 @@ static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t
     } req;
     size_t at = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
     memset(&req, 0, sizeof req);
-    struct nfgenmsg nfg = {.nfgen_family = AF_INET, .version = NFNETLINK_V0};
+    struct nfgenmsg nfg = {.nfgen_family = t->v6 ? AF_INET6 : AF_INET, .version = NFNETLINK_V0};
     memcpy(req.b + NLMSG_HDRLEN, &nfg, sizeof nfg);
     size_t outer = at, ip, pr;
     at += NLA_HDRLEN, ip = at, at += NLA_HDRLEN;
-    at = nla_put(req.b, at, CTA_IP_V4_SRC, &t->saddr, 4);
-    at = nla_put(req.b, at, CTA_IP_V4_DST, &t->daddr, 4);
+    if (t->v6) {
+        at = nla_put(req.b, at, CTA_IP_V6_SRC, t->saddr6, 16);
+        at = nla_put(req.b, at, CTA_IP_V6_DST, t->daddr6, 16);
+    } else {
+        at = nla_put(req.b, at, CTA_IP_V4_SRC, &t->saddr, 4);
+        at = nla_put(req.b, at, CTA_IP_V4_DST, &t->daddr, 4);
+    }
     nla_nest_end(req.b, ip, at, CTA_TUPLE_IP);
     uint8_t proto = IPPROTO_TCP;
     pr = at, at += NLA_HDRLEN;
@@ -429,6 +475,7 @@ static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t
             size_t body = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
             if (h->nlmsg_len < body)
                 return -1;
+            orig->v6 = t->v6;
             FOR_NLA(a, (const uint8_t *)h + body, h->nlmsg_len - body)
                 if (nla_type_at(a) == CTA_TUPLE_ORIG)
                     return parse_tuple(a + NLA_HDRLEN, nla_len_at(a) - NLA_HDRLEN, orig) ? 1 : -1;
@@ -449,8 +496,13 @@ static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t
 static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_pkt *p)
 {
     struct nicd_flow_view now = {.known = 1, .saddr = p->saddr, .daddr = p->daddr, .sport = htons(p->sport),
-                                 .dport = htons(p->dport)};
-    struct nicd_flow_view rev = {.saddr = now.daddr, .daddr = now.saddr, .sport = now.dport, .dport = now.sport};
+                                 .dport = htons(p->dport), .v6 = p->v6};
+    struct nicd_flow_view rev = {.saddr = now.daddr, .daddr = now.saddr, .sport = now.dport, .dport = now.sport,
+                                 .v6 = p->v6};
+    if (p->v6) {
+        memcpy(now.saddr6, p->saddr6, 16), memcpy(now.daddr6, p->daddr6, 16);
+        memcpy(rev.saddr6, p->daddr6, 16), memcpy(rev.daddr6, p->saddr6, 16);
+    }
     struct nicd_flow_view o;
     if (cx->ct_fd < 0 || ct_get(cx, CTA_TUPLE_ORIG, &now, &o) > 0 || ct_get(cx, CTA_TUPLE_REPLY, &now, &o) > 0 ||
         ct_get(cx, CTA_TUPLE_REPLY, &rev, &o) <= 0)
@@ -478,11 +530,20 @@ static void replace_summed(uint8_t *at, const void *to, size_t n, uint8_t *check
 }
 
 /* Give a packet the view's addresses and ports (known == 2); the TCP checksum follows
- * incrementally (a compressed packet's stays marked), the IP header's is made anew. */
+ * incrementally (a compressed packet's stays marked), an IPv4 header's is made anew (IPv6 has
+ * none). */
 static void apply_view(uint8_t *ip, const struct nicd_flow_view *v)
 {
     if (v->known != 2)
         return;
+    if (v->v6) {
+        uint8_t *check = ip + 40 + 16;
+        replace_summed(ip + 8, v->saddr6, 16, check); /* the pseudo-header's addresses */
+        replace_summed(ip + 24, v->daddr6, 16, check);
+        replace_summed(ip + 40, &v->sport, 2, check);
+        replace_summed(ip + 42, &v->dport, 2, check);
+        return;
+    }
     size_t ihl = (size_t)(ip[0] & 15) * 4;
     uint8_t *check = ip + ihl + 16;
     replace_summed(ip + 12, &v->saddr, 4, check);   /* the pseudo-header's addresses */
@@ -503,15 +564,21 @@ struct route_ctx {
 /* The control messages that give the raw socket's route lookup the original's inputs:
  * IP_PKTINFO pins the interface; SO_MARK (an `ip rule fwmark`, or a socket's SO_MARK), IP_TOS
  * (`ip rule tos`) and IP_PROTOCOL (`ip rule ipproto`, IPsec selectors by protocol: a header-
- * included raw socket is otherwise looked up as protocol 255) are the original's. Returns the
- * length written to b. */
-static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, uint8_t *b, size_t cap)
+ * included raw socket is otherwise looked up as protocol 255) are the original's. IPv6: the same
+ * with IPV6_PKTINFO and IPV6_TCLASS; its protocol goes in the destination's port (raw_dest).
+ * Returns the length written to b. */
+static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, int v6, uint8_t *b, size_t cap)
 {
     struct msghdr mh = {.msg_control = b, .msg_controllen = cap};
     memset(b, 0, cap);
     struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
     size_t len = 0;
-    if (rc->ifindex) {
+    if (rc->ifindex && v6) {
+        struct in6_pktinfo info = {.ipi6_ifindex = rc->ifindex}; /* source address: the header's */
+        *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof info), .cmsg_level = IPPROTO_IPV6, .cmsg_type = IPV6_PKTINFO};
+        memcpy(CMSG_DATA(c), &info, sizeof info);
+        len += CMSG_SPACE(sizeof info), c = CMSG_NXTHDR(&mh, c);
+    } else if (rc->ifindex) {
         struct in_pktinfo info = {.ipi_ifindex = (int)rc->ifindex};
         *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof info), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_PKTINFO};
         memcpy(CMSG_DATA(c), &info, sizeof info);
@@ -521,10 +588,11 @@ static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, uint
     memcpy(CMSG_DATA(c), &rc->mark, sizeof rc->mark);
     len += CMSG_SPACE(sizeof rc->mark), c = CMSG_NXTHDR(&mh, c);
     int tos = rc->tos;
-    *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof tos), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_TOS};
+    *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof tos), .cmsg_level = v6 ? IPPROTO_IPV6 : IPPROTO_IP,
+                          .cmsg_type = v6 ? IPV6_TCLASS : IP_TOS};
     memcpy(CMSG_DATA(c), &tos, sizeof tos);
     len += CMSG_SPACE(sizeof tos), c = CMSG_NXTHDR(&mh, c);
-    if (!cx->no_proto_cmsg) {
+    if (!v6 && !cx->no_proto_cmsg) {
         int proto = IPPROTO_TCP;
         *c = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof proto), .cmsg_level = IPPROTO_IP, .cmsg_type = IP_PROTOCOL};
         memcpy(CMSG_DATA(c), &proto, sizeof proto);
@@ -533,43 +601,79 @@ static size_t route_cmsgs(const struct ctx *cx, const struct route_ctx *rc, uint
     return len;
 }
 
-/* Send the compressed packets in cx->segs through the raw socket (IP header included), out of
- * the interface the super-packet was leaving by, with its routing inputs (route_cmsgs), past the
- * egress rules, which catch only the tagged mark. One the kernel does not take, or its qdisc
- * drops (IP_RECVERR makes the raw socket say ENOBUFS then), is lost: TCP retransmits its range.
- * The packets the kernel took are counted here (compressed, wire bytes without headers of
- * hdr_len), so the counters match what the receiver can restore. Returns how many were refused
- * for their size (EMSGSIZE: the path MTU fell since it was cached), which the caller counts or
- * sends again; other refusals are counted here. */
-static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx *rc, int nsegs, size_t hdr_len)
+#define ROUTE_CMSGS_MAX (CMSG_SPACE(sizeof(struct in6_pktinfo)) + 3 * CMSG_SPACE(sizeof(int)))
+
+union sockaddr_ip {
+    struct sockaddr sa;
+    struct sockaddr_in in;
+    struct sockaddr_in6 in6;
+};
+
+/* Where the raw socket sends p's packets: the view's destination (the address before a DNAT)
+ * or p's own. An IPv6 raw socket takes the protocol for its route lookup from the port (TCP,
+ * as IP_PROTOCOL does for IPv4), unless the kernel refused that once (no_proto6). */
+static socklen_t raw_dest(const struct ctx *cx, const struct nicd_pkt *p, const struct route_ctx *rc,
+                          union sockaddr_ip *to)
 {
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : daddr};
+    memset(to, 0, sizeof *to);
+    if (!p->v6) {
+        to->in = (struct sockaddr_in){.sin_family = AF_INET,
+                                      .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : p->daddr};
+        return sizeof to->in;
+    }
+    to->in6.sin6_family = AF_INET6;
+    to->in6.sin6_port = cx->no_proto6 ? 0 : htons(IPPROTO_TCP);
+    memcpy(&to->in6.sin6_addr, rc->view.known == 2 ? rc->view.daddr6 : p->daddr6, 16);
+    if (IN6_IS_ADDR_LINKLOCAL(&to->in6.sin6_addr))
+        to->in6.sin6_scope_id = rc->ifindex;
+    return sizeof to->in6;
+}
+
+/* Send the compressed packets in cx->segs through the raw socket of p's family (IP header
+ * included), out of the interface the super-packet p was leaving by, with its routing inputs
+ * (route_cmsgs), past the egress rules, which catch only the tagged mark. One the kernel does not
+ * take, or its qdisc drops (IP_RECVERR / IPV6_RECVERR make the raw socket say ENOBUFS then), is
+ * lost: TCP retransmits its range. The packets the kernel took are counted here (compressed,
+ * wire bytes without headers of hdr_len), so the counters match what the receiver can restore.
+ * Returns how many were refused for their size (EMSGSIZE: the path MTU fell since it was
+ * cached), which the caller counts or sends again; other refusals are counted here. */
+static int send_segments(struct ctx *cx, const struct nicd_pkt *p, const struct route_ctx *rc, int nsegs,
+                         size_t hdr_len)
+{
+    union sockaddr_ip to;
+    socklen_t tolen = raw_dest(cx, p, rc, &to);
+    int fd = p->v6 ? cx->raw6_fd : cx->raw_fd;
     union {
         struct cmsghdr h;
-        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
+        uint8_t b[ROUTE_CMSGS_MAX];
     } ctl;
-    size_t ctl_len = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b);
+    size_t ctl_len = route_cmsgs(cx, rc, p->v6, ctl.b, sizeof ctl.b);
     struct mmsghdr mm[GSO_MAX_SEGS];
     struct iovec iov[GSO_MAX_SEGS];
     size_t at = 0;
     for (int i = 0; i < nsegs; i++) {
         apply_view(cx->segs + at, &rc->view);
         iov[i] = (struct iovec){cx->segs + at, cx->seg_len[i]};
-        mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = sizeof to,
+        mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &to, .msg_namelen = tolen,
                                              .msg_iov = &iov[i], .msg_iovlen = 1,
                                              .msg_control = ctl.b, .msg_controllen = ctl_len}};
         at += cx->seg_len[i];
     }
     int sent = 0, too_big = 0, failed = 0;
     while (sent < nsegs) {
-        int r = sendmmsg(cx->raw_fd, mm + sent, (unsigned)(nsegs - sent), 0);
+        int r = sendmmsg(fd, mm + sent, (unsigned)(nsegs - sent), 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 && errno == EINVAL && !cx->no_proto_cmsg) { /* a kernel without IP_PROTOCOL */
+        if (r < 0 && errno == EINVAL && !p->v6 && !cx->no_proto_cmsg) { /* a kernel without IP_PROTOCOL */
             cx->no_proto_cmsg = 1;
-            ctl_len = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b);
+            ctl_len = route_cmsgs(cx, rc, p->v6, ctl.b, sizeof ctl.b);
             for (int i = 0; i < nsegs; i++)
                 mm[i].msg_hdr.msg_controllen = ctl_len;
+            continue;
+        }
+        if (r < 0 && errno == EINVAL && p->v6 && !cx->no_proto6) { /* a kernel that wants port 0 */
+            cx->no_proto6 = 1;
+            to.in6.sin6_port = 0;
             continue;
         }
         if (r <= 0) { /* ENOBUFS (a qdisc drop) and the like: skip one packet, TCP retransmits it */
@@ -590,25 +694,26 @@ static int send_segments(struct ctx *cx, uint32_t daddr, const struct route_ctx 
         uint8_t junk[64];
         struct iovec jv = {junk, sizeof junk};
         struct msghdr jm = {.msg_iov = &jv, .msg_iovlen = 1};
-        while (recvmsg(cx->raw_fd, &jm, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0)
+        while (recvmsg(fd, &jm, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0)
             jm.msg_flags = 0;
     }
     return too_big;
 }
 
-/* One packet through the raw socket, as send_segments sends them (not counted). */
-static int send_one(struct ctx *cx, uint8_t *buf, size_t len, uint32_t daddr, const struct route_ctx *rc)
+/* One packet (of p's flow) through the raw socket, as send_segments sends them (not counted). */
+static int send_one(struct ctx *cx, uint8_t *buf, size_t len, const struct nicd_pkt *p, const struct route_ctx *rc)
 {
     apply_view(buf, &rc->view);
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = rc->view.known == 2 ? rc->view.daddr : daddr};
+    union sockaddr_ip to;
+    socklen_t tolen = raw_dest(cx, p, rc, &to);
     union {
         struct cmsghdr h;
-        uint8_t b[CMSG_SPACE(sizeof(struct in_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
+        uint8_t b[ROUTE_CMSGS_MAX];
     } ctl;
     struct iovec iov = {(void *)buf, len};
-    struct msghdr mh = {.msg_name = &to, .msg_namelen = sizeof to, .msg_iov = &iov, .msg_iovlen = 1,
-                        .msg_control = ctl.b, .msg_controllen = route_cmsgs(cx, rc, ctl.b, sizeof ctl.b)};
-    return sendmsg(cx->raw_fd, &mh, 0) < 0 ? -1 : 0;
+    struct msghdr mh = {.msg_name = &to, .msg_namelen = tolen, .msg_iov = &iov, .msg_iovlen = 1,
+                        .msg_control = ctl.b, .msg_controllen = route_cmsgs(cx, rc, p->v6, ctl.b, sizeof ctl.b)};
+    return sendmsg(p->v6 ? cx->raw6_fd : cx->raw_fd, &mh, 0) < 0 ? -1 : 0;
 }
 
 /* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
@@ -641,13 +746,13 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
         return;
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
-    int too_big = send_segments(cx, p->daddr, rc, nsegs, p->payload_off);
+    int too_big = send_segments(cx, p, rc, nsegs, p->payload_off);
     if (too_big) {
         /* Refused for their size: the path MTU fell within the cached second. Look it up now and
          * send the whole super-packet again, cut to it: the ranges already out arrive twice,
          * which TCP takes as duplicates (cuts inside a super-packet are on float boundaries).
          * Only what is then still refused counts as a send error: nothing else is lost. */
-        size_t fresh = egress_mtu(cx, rc->ifindex, p->daddr, 1);
+        size_t fresh = egress_mtu(cx, rc->ifindex, p, 1);
         fresh = fresh < mss_len ? fresh : mss_len;
         uint64_t t2[4] = {0, 0, 0, 0};
         int n2;
@@ -659,7 +764,7 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
             verdict(id, NF_ACCEPT, NULL, 0, cx);
             return;
         }
-        too_big = send_segments(cx, p->daddr, rc, n2, p->payload_off);
+        too_big = send_segments(cx, p, rc, n2, p->payload_off);
         memcpy(tiers, t2, sizeof tiers);
     }
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
@@ -679,12 +784,18 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
 static void give_up(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
                     const struct nicd_flow_info *fi, const struct route_ctx *rc, struct ctx *cx)
 {
-    char a[INET_ADDRSTRLEN] = "?", b[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &p->saddr, a, sizeof a);
-    inet_ntop(AF_INET, &p->daddr, b, sizeof b);
-    fprintf(stderr, "nicd WARNING: flow %s:%u -> %s:%u: its compressed packets do not get through (TCP sends "
-            "the same data again and again, now seq %u); sending this flow raw from now on\n", a, p->sport, b,
-            p->dport, p->seq);
+    char a[INET6_ADDRSTRLEN] = "?", b[INET6_ADDRSTRLEN] = "?";
+    if (p->v6) {
+        inet_ntop(AF_INET6, p->saddr6, a, sizeof a);
+        inet_ntop(AF_INET6, p->daddr6, b, sizeof b);
+    } else {
+        inet_ntop(AF_INET, &p->saddr, a, sizeof a);
+        inet_ntop(AF_INET, &p->daddr, b, sizeof b);
+    }
+    const char *l = p->v6 ? "[" : "", *r = p->v6 ? "]" : ""; /* [2001:db8::1]:40312 */
+    fprintf(stderr, "nicd WARNING: flow %s%s%s:%u -> %s%s%s:%u: its compressed packets do not get through (TCP "
+            "sends the same data again and again, now seq %u); sending this flow raw from now on\n", l, a, r,
+            p->sport, l, b, r, p->dport, p->seq);
     fflush(stderr);
     COUNT(cx, FLOWS_FELL_BACK, 1);
     COUNT(cx, EGRESS_RAW_FELL_BACK, 1);
@@ -694,21 +805,17 @@ static void give_up(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
     memcpy(probe, p->ip, p->payload_off);
     probe[p->payload_off] = fi->high_byte;
     size_t len = p->payload_off + 1;
-    probe[2] = (uint8_t)(len >> 8), probe[3] = (uint8_t)len;
     uint8_t *t = probe + p->ihl;
     uint32_t seq = fi->high - 1;
     t[4] = (uint8_t)(seq >> 24), t[5] = (uint8_t)(seq >> 16), t[6] = (uint8_t)(seq >> 8), t[7] = (uint8_t)seq;
     /* a plain data segment (no PSH, URG, CWR, ECE), with the FIN if one followed that byte: the
      * middlebox counts it in the flow's end too, and the peer acknowledges it */
     t[13] = (uint8_t)((t[13] & TCP_ACK) | (fi->high_fin ? TCP_FIN : 0));
-    t[16] = t[17] = 0;
-    uint16_t c = nicd_tcp_checksum(probe, len);
-    memcpy(t + 16, &c, 2);
-    nicd_set_tos(probe, p->tos);
-    if (cx->raw_fd >= 0) {
+    nicd_finish(probe, len, p->tos); /* its length, the IPv4 header's and the TCP checksum */
+    if ((p->v6 ? cx->raw6_fd : cx->raw_fd) >= 0) {
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         flush(cx);
-        if (send_one(cx, probe, len, p->daddr, rc) < 0)
+        if (send_one(cx, probe, len, p, rc) < 0)
             COUNT(cx, GSO_SEND_ERRORS, 1);
         return;
     }
@@ -729,7 +836,16 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     int len = fetch(nfa, &id, &buf);
     struct nicd_pkt p;
     cx->queue = cx->cfg->egress_queue;
-    if (cx->cfg->accept_only || len < 0 || nicd_parse(buf, (size_t)len, &p) != NICD_OK) {
+    int pr = cx->cfg->accept_only || len < 0 ? NICD_E_IP : nicd_parse(buf, (size_t)len, &p);
+    if (pr == NICD_E_EXT_HEADER && codec_of_mark(cx, p.tos)) {
+        /* IPv6 with an extension header before TCP: never transformed (no hello on its SYN, so
+         * its flow stays raw; a data packet of a negotiated flow leaves raw, which is valid) */
+        COUNT(cx, EGRESS_PACKETS, 1);
+        COUNT(cx, EGRESS_RAW_EXT_HEADER, 1);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
+    if (pr != NICD_OK) {
         verdict(id, NF_ACCEPT, NULL, 0, cx); /* not ours to judge: untouched */
         return;
     }
@@ -759,7 +875,7 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     /* what the raw socket's route lookup needs of the original (route_cmsgs) */
     struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos,
                            .view = fi.view};
-    if (!rc.view.known && cx->raw_fd >= 0 && fs != NICD_FLOW_NONE) { /* once per flow */
+    if (!rc.view.known && (p.v6 ? cx->raw6_fd : cx->raw_fd) >= 0 && fs != NICD_FLOW_NONE) { /* once per flow */
         rc.view = conntrack_view(cx, &p);
         nicd_flows_set_view(&k, &rc.view);
     }
@@ -785,8 +901,9 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
          * connection may carry: the path MTU, and the peer's MSS (the receiver's limit, or a
          * clamp on the path), as TCP cuts its own (a hop that drops ICMP "fragmentation
          * needed" never tells us its MTU, but the clamp or the peer's MSS does). */
-        size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), p.daddr, 0);
-        size_t mss_len = 40 + (size_t)fi.peer_mss; /* the MSS counts from fixed 20-byte headers */
+        size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), &p, 0);
+        /* the MSS counts from fixed headers: 20 bytes of TCP and 20 of IPv4, or 40 of IPv6 */
+        size_t mss_len = (p.v6 ? 60 : 40) + (size_t)fi.peer_mss;
         if (mtu > mss_len)
             mtu = mss_len;
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu) {
@@ -905,9 +1022,22 @@ static void ingress(struct nfq_data *nfa, struct ctx *cx)
         return;
     }
     int pr = len < 0 ? NICD_E_IP : nicd_parse(buf, (size_t)len, &p);
+    if (pr == NICD_E_EXT_HEADER && !dscp_is(p.tos, cx->cfg->tos_compressed)) {
+        /* IPv6 with an extension header: no soft NIC sends one, so a hello-marked SYN is not
+         * ours (passed as one without the option), and an unmarked segment that looks
+         * compressed is either not one or is dropped by the stack for its marked checksum */
+        if (dscp_is(p.tos, cx->cfg->tos_hello))
+            COUNT(cx, HELLO_WITHOUT_OPTION, 1);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
     if (pr != NICD_OK) {
-        /* Only compressed packets and hellos are queued here: anything unparseable is hostile. */
-        COUNT(cx, DROP_MALFORMED, 1);
+        /* Only compressed packets and hellos are queued here: anything unparseable is hostile,
+         * and so is a compressed-marked IPv6 packet with an extension header (never restored). */
+        if (pr == NICD_E_EXT_HEADER)
+            COUNT(cx, DROP_EXT_HEADER, 1);
+        else
+            COUNT(cx, DROP_MALFORMED, 1);
         verdict(id, NF_DROP, NULL, 0, cx);
         return;
     }
@@ -972,23 +1102,27 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     return 0;
 }
 
-/* A socket option the daemon sets; which one goes into the bit of `warned` below. */
+/* A socket option (or queue binding) the daemon sets; which one goes into the bit of `warned` below. */
 enum sockopt_id { OPT_QUEUE_RCVBUF, OPT_QUEUE_SNDBUF, OPT_QUEUE_NO_ENOBUFS, OPT_RAW_SNDBUF, OPT_RAW_RECVERR,
-                  OPT_CT_RCVTIMEO };
+                  OPT_CT_RCVTIMEO, OPT_RAW_RECVERR6, OPT_BIND_PF6 };
 
 /* Set a socket option; one the kernel refuses is said once per daemon (every queue thread sets
  * the same options), on stderr as the daemon's log lines are, with what it costs. Returns 0 or -1. */
-static int sockopt(enum sockopt_id which, int fd, int level, int name, const void *v, socklen_t len,
-                   const char *what, const char *cost)
+static void sockopt_warn(enum sockopt_id which, const char *what, int e, const char *cost)
 {
     static unsigned warned;
-    if (setsockopt(fd, level, name, v, len) == 0)
-        return 0;
-    int e = errno;
     if (!(__atomic_fetch_or(&warned, 1u << which, __ATOMIC_RELAXED) & (1u << which))) {
         fprintf(stderr, "nicd WARNING: %s failed (%s): %s\n", what, strerror(e), cost);
         fflush(stderr);
     }
+}
+
+static int sockopt(enum sockopt_id which, int fd, int level, int name, const void *v, socklen_t len,
+                   const char *what, const char *cost)
+{
+    if (setsockopt(fd, level, name, v, len) == 0)
+        return 0;
+    sockopt_warn(which, what, errno, cost);
     return -1;
 }
 
@@ -1003,7 +1137,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     if (cx)
-        cx->raw_fd = cx->udp_fd = cx->ct_fd = -1;
+        cx->raw_fd = cx->raw6_fd = cx->udp_fd = cx->udp6_fd = cx->ct_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -1019,6 +1153,11 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         fail(err, errlen, "gso: cannot open a raw IP socket (needs CAP_NET_RAW)", errno);
         goto out;
     }
+    /* IPv6's: IPPROTO_RAW implies IPV6_HDRINCL (Linux, raw(7)), as for IPv4. Optional: a kernel
+     * without IPv6 never queues IPv6 packets; without the datagram socket for the path MTU
+     * (egress_mtu says 0), IPv6 super-packets leave raw. */
+    if (cx->raw_fd >= 0 && (cx->raw6_fd = socket(AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) >= 0 && cfg->gso)
+        cx->udp6_fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     /* optional: without it, the raw socket's packets keep the addresses the hook sees */
     if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
@@ -1041,6 +1180,10 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         fail(err, errlen, "nfq_bind_pf", errno);
         goto out;
     }
+    /* The same queues take IPv6 packets (ip6tables rules with the same numbers). Since Linux 3.8
+     * binding a family is a no-op; an older kernel without IPv6 queueing keeps IPv4 working. */
+    if (nfq_bind_pf(h, AF_INET6) < 0)
+        sockopt_warn(OPT_BIND_PF6, "nfq_bind_pf(AF_INET6)", errno, "IPv6 packets are not queued to this daemon");
     if (!(qe = nfq_create_queue(h, cfg->egress_queue, on_egress, cx))) {
         snprintf(err, errlen, "cannot bind NFQUEUE %u (egress): is another nicd running?", cfg->egress_queue);
         goto out;
@@ -1078,6 +1221,14 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         /* without it a raw socket reports a packet its qdisc dropped as sent */
         sockopt(OPT_RAW_RECVERR, cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one, "IP_RECVERR",
                 "compressed packets the qdisc drops are not counted (gso_send_errors)");
+    }
+    if (cx->raw6_fd >= 0) {
+        int rawsize = 4 << 20;
+        sockopt(OPT_RAW_SNDBUF, cx->raw6_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize,
+                "SO_SNDBUFFORCE on the raw socket", "sending a super-packet's compressed packets may wait for "
+                "room in the default send buffer");
+        sockopt(OPT_RAW_RECVERR6, cx->raw6_fd, IPPROTO_IPV6, IPV6_RECVERR, &one, sizeof one, "IPV6_RECVERR",
+                "IPv6 compressed packets the qdisc drops are not counted (gso_send_errors)");
     }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];
@@ -1125,8 +1276,12 @@ out:
         nfq_close(h);
     if (cx && cx->raw_fd >= 0)
         close(cx->raw_fd);
+    if (cx && cx->raw6_fd >= 0)
+        close(cx->raw6_fd);
     if (cx && cx->udp_fd >= 0)
         close(cx->udp_fd);
+    if (cx && cx->udp6_fd >= 0)
+        close(cx->udp6_fd);
     if (cx && cx->ct_fd >= 0)
         close(cx->ct_fd);
     free(rbuf);

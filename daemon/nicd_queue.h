@@ -39,7 +39,7 @@
     X(INGRESS_RESTORED, "compressed packets restored")                                           \
     X(INGRESS_WIRE_BYTES, "payload bytes of the restored packets as they arrived")               \
     X(INGRESS_ORIG_BYTES, "payload bytes of the restored packets after restoring")               \
-    X(DROP_MALFORMED, "packets marked compressed but not parseable as IPv4/TCP, dropped")        \
+    X(DROP_MALFORMED, "packets marked compressed but not parseable as IPv4/TCP or IPv6/TCP, dropped") \
     X(DROP_CHECKSUM, "compressed packets whose TCP checksum was not the compressed mark, dropped") \
     X(DROP_HEADER, "compressed packets with a malformed shim header, dropped")                   \
     X(DROP_CRC, "compressed packets whose CRC32C did not match (corrupted in transit), dropped") \
@@ -61,7 +61,11 @@
                       "them (wrong echo or ack: guessed, not the peer's)")                       \
     X(FLOWS_FELL_BACK, "negotiated flows whose compressed packets did not get through, raw "     \
                        "from then on")                                                           \
-    X(EGRESS_RAW_FELL_BACK, "tagged data packets of those flows, sent raw")
+    X(EGRESS_RAW_FELL_BACK, "tagged data packets of those flows, sent raw")                      \
+    X(EGRESS_RAW_EXT_HEADER, "tagged IPv6 packets with an extension header before TCP, sent raw " \
+                             "(never transformed)")                                              \
+    X(DROP_EXT_HEADER, "IPv6 packets marked compressed with an extension header before TCP "     \
+                       "(no soft NIC sends one), dropped")
 
 #define NICD_C_ENUM_(name, help) NICD_C_##name,
 enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };
