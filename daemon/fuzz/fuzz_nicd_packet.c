@@ -1,6 +1,6 @@
 /*
- * libFuzzer target for the soft NIC's packet transforms: the input is an IPv4 packet as it would
- * arrive from the network, copied to an exactly-sized buffer. Whatever parses is restored (the
+ * libFuzzer target for the soft NIC's packet transforms: the input is an IPv4 or IPv6 packet (by
+ * its version nibble) as it would arrive from the network, copied to an exactly-sized buffer. Whatever parses is restored (the
  * ingress path) and compressed at every stream offset (the egress path); a compressed packet
  * must restore, to the same length, and never exceed the original, carry the echo it was given,
  * and have a TCP checksum wrong by exactly NICD_CSUM_MARK (no stack could take it unrestored),
@@ -11,6 +11,11 @@
  * it must give back the same bytes. Both codecs: 1 (the paper's) and 2 (scaled by 2^x per packet,
  * x in header byte 10): a codec-2 packet must carry an exponent in range and restore every
  * infinity and NaN of the original bit for bit; the receiver refuses any other exponent.
+ * IPv6: a packet with an extension header never parses (only its class is read); a parsed one has
+ * the 40-byte header and 40 + payload length bytes, and every packet made from it keeps its
+ * payload length field right. Every parsed IPv4 packet's TCP segment is also put behind an IPv6
+ * header: it must compress to the same payload bytes and restore to the same segment (the
+ * transforms do not depend on the family but for the headers and the pseudo-header).
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
 #include "inceptionn_contract.h"
@@ -20,8 +25,17 @@
 #include <string.h>
 
 static float scratch[16384 + 16];
+static uint8_t v6pkt[NICD_MAX_PACKET + 64], out6[NICD_MAX_PACKET + 64], back6[NICD_MAX_PACKET + 64];
 static uint8_t out[NICD_MAX_PACKET + 64], back[NICD_MAX_PACKET + 64];
 static uint8_t segs[NICD_MAX_PACKET + 64 * 128], stream[2048 * 34];
+
+/* Every packet written from p must say its own length: IPv4 total length, IPv6 payload length. */
+static void check_len_field(const struct nicd_pkt *p, const uint8_t *b, size_t len)
+{
+    size_t said = p->v6 ? 40 + ((size_t)b[4] << 8 | b[5]) : ((size_t)b[2] << 8 | b[3]);
+    if (said != len || (b[0] >> 4) != (p->v6 ? 6 : 4))
+        abort();
+}
 
 /* The GSO path: a parsed packet taken as a super-packet, cut for a few MTUs. Every packet must
  * fit the MTU, be smaller than the range it covers, and restore to exactly that range's length
@@ -40,6 +54,7 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off, int codec)
         size_t at = 0, covered = 0;
         for (int i = 0; i < n; i++) {
             struct nicd_pkt c;
+            check_len_field(p, segs + at, len[i]);
             if (len[i] > mtus[m] || nicd_parse(segs + at, len[i], &c) != NICD_OK || c.seq != (uint32_t)(p->seq + covered) ||
                 !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
                 abort();
@@ -107,13 +122,62 @@ static void check_option(const struct nicd_pkt *p)
         abort();
 }
 
+/* p (IPv4, its checksum right) as IPv6: the same TCP segment behind a 40-byte header (class = ToS,
+ * ::ffff:-mapped addresses, checksum made right). Codec 1 at offset 0 must give the same payload
+ * bytes for both, and restoring must give back the same segment. */
+static void check_as_ipv6(const struct nicd_pkt *p)
+{
+    size_t tcp = p->len - p->ihl;
+    if (p->v6 || 40 + tcp > NICD_MAX_VERDICT || p->len > NICD_MAX_VERDICT)
+        return;
+    memset(v6pkt, 0, 40);
+    v6pkt[0] = 0x60;
+    v6pkt[6] = 6;
+    v6pkt[7] = 64;
+    v6pkt[18] = v6pkt[19] = v6pkt[34] = v6pkt[35] = 0xFF;
+    memcpy(v6pkt + 20, &p->saddr, 4);
+    memcpy(v6pkt + 36, &p->daddr, 4);
+    memcpy(v6pkt + 40, p->ip + p->ihl, tcp);
+    nicd_finish(v6pkt, 40 + tcp, p->tos);
+    struct nicd_pkt q;
+    if (nicd_parse(v6pkt, 40 + tcp, &q) != NICD_OK || !q.v6 || q.tos != p->tos || q.payload_len != p->payload_len ||
+        q.thl != p->thl || q.seq != p->seq || nicd_marked_checksum(&q))
+        abort();
+    ptrdiff_t a = nicd_compress(p, 0, -10, 0x2C, 5, out, sizeof out, scratch, NULL);
+    ptrdiff_t b = nicd_compress(&q, 0, -10, 0x2C, 5, out6, sizeof out6, scratch, NULL);
+    if ((a > (ptrdiff_t)NICD_TOO_SHORT) != (b > (ptrdiff_t)NICD_TOO_SHORT))
+        abort();
+    if (a <= (ptrdiff_t)NICD_TOO_SHORT)
+        return;
+    if ((size_t)a - p->payload_off != (size_t)b - q.payload_off ||
+        memcmp(out + p->payload_off, out6 + q.payload_off, (size_t)a - p->payload_off) != 0)
+        abort();
+    check_len_field(&q, out6, (size_t)b);
+    struct nicd_pkt c;
+    if (nicd_parse(out6, (size_t)b, &c) != NICD_OK || !nicd_marked_checksum(&c) || c.tos != 0x2C)
+        abort();
+    ptrdiff_t r = nicd_restore(&c, p->tos, back6, sizeof back6, scratch);
+    if (r != (ptrdiff_t)(40 + tcp))
+        abort();
+    check_len_field(&q, back6, (size_t)r);
+    struct nicd_pkt d;
+    if (nicd_parse(back6, (size_t)r, &d) != NICD_OK || nicd_marked_checksum(&d) || d.tos != p->tos ||
+        memcmp(back6 + 40, v6pkt + 40, 16) != 0 || memcmp(back6 + 58, v6pkt + 58, p->thl - 18) != 0)
+        abort(); /* the TCP header comes back but for the checksum (right again, not marked) */
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t *pkt = malloc(size ? size : 1);
     memcpy(pkt, data, size);
     struct nicd_pkt p;
-    if (nicd_parse(pkt, size, &p) == NICD_OK) {
+    int pr = nicd_parse(pkt, size, &p);
+    if (pr == NICD_E_EXT_HEADER && (size < 40 || (pkt[0] >> 4) != 6 || !p.v6 || pkt[6] == 6))
+        abort(); /* only an IPv6 header whose next header is not TCP */
+    if (pr == NICD_OK) {
         if (p.len > size || p.payload_off + p.payload_len != p.len)
+            abort();
+        if (p.v6 && (p.ihl != 40 || p.len != 40 + ((size_t)pkt[4] << 8 | pkt[5]) || pkt[6] != 6))
             abort();
         nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch);
         nicd_echo(&p);
@@ -131,6 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (nicd_marked_checksum(&p) || nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch) != NICD_E_CHECKSUM)
             abort();
         check_option(&p);
+        check_as_ipv6(&p);
         /* the same with the checksum marked as a compressed packet's (big-endian arithmetic) */
         uint32_t want = (uint32_t)((pkt[p.ihl + 16] << 8) | pkt[p.ihl + 17]) + NICD_CSUM_MARK;
         want = (want & 0xFFFF) + (want >> 16);
@@ -153,9 +218,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     int8_t x = (int8_t)out[c.payload_off + NICD_SCALE_AT];
                     if (codec == NICD_CODEC_INCEPTIONN ? x != 0 : (x < -NICD_SCALE_MAX || x > NICD_SCALE_MAX))
                         abort();
+                    check_len_field(&p, out, (size_t)r);
                     ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
                     if (b != (ptrdiff_t)p.len)
                         abort(); /* what we compress must restore to the original length */
+                    check_len_field(&p, back, (size_t)b);
                     if (codec == NICD_CODEC_SCALED)
                         check_specials(&p, off, back);
                 }
