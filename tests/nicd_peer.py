@@ -5,6 +5,7 @@
           flushing after every read (the test watches FILE grow), until the peer closes.
           --tos marks the listening socket (its SYN-ACKs) and so the accepted one.
     send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--mark N] [--pause-at N --go FILE] [--md5-peer IP]
+          [--dstopts]
           connect (IP_TOS, TCP_MAXSEG and SO_MARK set before connect), send FILE; with --pause-at, send
           the first N bytes, print "paused", wait until the file --go exists, send the rest.
           Then half-close and wait for the receiver to close: exit 0 means all was delivered.
@@ -25,6 +26,9 @@
           then guess the answerer's confirmation: compressed segments from src:S (seq X, built
           by the soft NIC's own code) whose acks step through the sequence space by 2^32/steps.
 
+Addresses with a colon are IPv6: recv/send/serve/fetch then open AF_INET6 sockets and --tos
+sets IPV6_TCLASS (the traffic class) instead of IP_TOS; craft sends IPv6 packets to an IPv6 --dst.
+
 Only the standard library for recv/send, so they start fast.
 """
 import argparse
@@ -36,6 +40,20 @@ import time
 
 
 TCP_MD5SIG = 14  # linux/tcp.h
+IPV6_DSTOPTS = 59  # linux/in6.h
+
+
+def tcp_socket(addr: str) -> socket.socket:
+    """A TCP socket of the address's family (IPv6 if it has a colon)."""
+    return socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+
+
+def set_tos(s: socket.socket, tos: int) -> None:
+    """The IPv4 ToS byte, or the IPv6 traffic class (the shim's IPV6_TCLASS), of s."""
+    if s.family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+    else:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
 
 
 def set_md5(s, peer: str, key: bytes = b"inceptionn-test") -> None:
@@ -52,12 +70,12 @@ def recv(a):
 
 def _accept_one(a, md5_peer=None):
     """Listen on a.bind:a.port (IP_TOS a.tos if given), print "listening", accept one."""
-    s = socket.socket()
+    s = tcp_socket(a.bind)
     if md5_peer:
         set_md5(s, md5_peer)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if a.tos is not None:
-        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
+        set_tos(s, a.tos)
     s.bind((a.bind, a.port))
     s.listen(1)
     print("listening", flush=True)
@@ -83,10 +101,12 @@ def _drain(c, path) -> int:
 
 def send(a):
     data = open(a.data, "rb").read()
-    s = socket.socket()
+    s = tcp_socket(a.host)
     if a.md5_peer:
         set_md5(s, a.md5_peer)
-    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, a.tos)
+    set_tos(s, a.tos)
+    if a.dstopts:  # every packet of the connection carries an (empty) destination-options header
+        s.setsockopt(socket.IPPROTO_IPV6, IPV6_DSTOPTS, bytes([0, 0, 1, 4, 0, 0, 0, 0]))  # PadN of 4
     if a.mss:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
     if a.mark is not None:
@@ -127,7 +147,7 @@ def serve(a):
 
 
 def fetch(a):
-    s = socket.socket()
+    s = tcp_socket(a.host)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("", a.sport))
     s.settimeout(a.timeout)
@@ -210,11 +230,21 @@ def _crc32c(buf: bytes) -> int:
     return lib.nicd_crc32c(0, ffi.from_buffer(buf), len(buf))
 
 
+def tcp_offset(raw: bytes) -> int:
+    """Where the TCP header of an IPv4 packet, or of an IPv6 one behind any extension headers, starts."""
+    if raw[0] >> 4 != 6:
+        return (raw[0] & 15) * 4
+    at, nh = 40, raw[6]
+    while nh != 6:  # each extension header: next header, then its length in 8-byte units past 8
+        nh, at = raw[at], at + (raw[at + 1] + 1) * 8
+    return at
+
+
 def mark_checksum(raw: bytes) -> bytes:
-    """An IPv4/TCP packet whose TCP checksum is right, made wrong by exactly NICD_CSUM_MARK, as a
-    soft NIC sends a compressed packet (daemon/nicd_packet.h)."""
+    """An IPv4/TCP or IPv6/TCP packet whose TCP checksum is right, made wrong by exactly
+    NICD_CSUM_MARK, as a soft NIC sends a compressed packet (daemon/nicd_packet.h)."""
     from inceptionn.daemon._datapath import lib
-    at = (raw[0] & 15) * 4 + 16
+    at = tcp_offset(raw) + 16
     v = struct.unpack("!H", raw[at:at + 2])[0] + lib.NICD_CSUM_MARK
     return raw[:at] + struct.pack("!H", (v & 0xFFFF) + (v >> 16)) + raw[at + 2:]
 
@@ -245,6 +275,7 @@ KINDS = {
     "exponent": "drop_header",     # codec 2, valid CRC and stream, scale exponent 127, -127 or -128
     "exponent1": "drop_header",    # codec 1 with a non-zero byte 3 (only codec 2 has an exponent)
     "scaled": "ingress_restored",  # codec 2, valid, exponent +-126 (the limits) or 0
+    "ext_header": "drop_ext_header",  # IPv6 only: a valid compressed packet behind a destination-options header
 }
 BAD_EXPONENTS = (127, -127, -128)
 
@@ -266,12 +297,13 @@ def zeros_restoring_to(total: int, ver=0x21, scale=0) -> bytes:
 def craft(a):
     import random
 
-    from scapy.all import IP, TCP, UDP, Raw, conf, send as scapy_send
+    from scapy.all import IP, TCP, UDP, IPv6, IPv6ExtHdrDestOpt, Raw, conf, send as scapy_send
     conf.verb = 0
     rnd = random.Random(a.seed)
     pkts = []
+    v6 = ":" in a.dst
     for k, i in [(k, i) for k in a.kinds.split(",") for i in range(a.count)]:
-        ip = IP(dst=a.dst, tos=0x2C)
+        ip = IPv6(dst=a.dst, tc=0x2C) if v6 else IP(dst=a.dst, tos=0x2C)
         tcp = TCP(sport=rnd.randrange(20000, 60000), dport=a.dport, flags="PA", seq=rnd.getrandbits(32),
                   ack=rnd.getrandbits(32))
         if k == "random":
@@ -291,11 +323,15 @@ def craft(a):
         elif k == "decode":
             pkts.append(ip / tcp / Raw(shim(200, b"")))
         elif k == "checksum":
-            pkt = IP(bytes(ip / tcp / Raw(shim(8, rnd.randbytes(20)))))  # checksums filled in
+            pkt = (IPv6 if v6 else IP)(bytes(ip / tcp / Raw(shim(8, rnd.randbytes(20)))))  # checksums filled in
             pkt[TCP].chksum ^= 0x5A5A
             pkts.append(pkt)
         elif k == "tiny_ip":
-            pkts.append(IP(dst=a.dst, tos=0x2C, proto=6))
+            pkts.append(IPv6(dst=a.dst, tc=0x2C, nh=6) if v6 else IP(dst=a.dst, tos=0x2C, proto=6))
+        elif k == "ext_header":
+            if not v6:
+                raise SystemExit("ext_header: IPv6 only")
+            pkts.append(ip / IPv6ExtHdrDestOpt() / tcp / Raw(zeros_restoring_to(200)))
         elif k == "wrap":
             pkts.append(ip / tcp / Raw(zeros_restoring_to(65532 + i % 4)))
         elif k == "fits":
@@ -307,12 +343,12 @@ def craft(a):
         elif k == "scaled":
             pkts.append(ip / tcp / Raw(zeros_restoring_to(200, ver=0x22, scale=(126, -126, 0)[i % 3])))
         elif k == "udp":
-            pkts.append(IP(dst=a.dst, tos=0x2C) / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
+            pkts.append(ip / UDP(sport=rnd.randrange(20000, 60000), dport=a.dport)
                         / Raw(shim(8, rnd.randbytes(20))))
         else:
             raise SystemExit(f"unknown kind {k!r}")
     # TCP checksums as a soft NIC sends them (wrong by the mark), but for the kinds about checksums
-    pkts = [IP(mark_checksum(bytes(p))) if k not in ("checksum", "tiny_ip", "udp") else p
+    pkts = [(IPv6 if v6 else IP)(mark_checksum(bytes(p))) if k not in ("checksum", "tiny_ip", "udp") else p
             for p, k in zip(pkts, [k for k in a.kinds.split(",") for _ in range(a.count)])]
     scapy_send(pkts, inter=0.002)
     print(f"sent {len(pkts)}", flush=True)
@@ -394,6 +430,7 @@ def main():
     s.add_argument("--go")
     s.add_argument("--timeout", type=float, default=60)
     s.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
+    s.add_argument("--dstopts", action="store_true", help="IPv6: a destination-options header on every packet")
     c = sub.add_parser("craft")
     c.add_argument("--dst", required=True)
     c.add_argument("--kinds", required=True, help=f"comma-separated, from {', '.join(KINDS)}")

@@ -37,11 +37,24 @@ _tb_counter = itertools.count()
 # --- helpers -----------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def make_testbed(hosts=2, rate=None, mtu=9000):
+def make_testbed(hosts=2, rate=None, mtu=9000, ipv6=False):
+    """ipv6: the hosts get IPv6 addresses too (Host.ip6) besides their IPv4 ones."""
     from inceptionn.kernel_tc.testbed import Testbed
     name = f"nt{os.getpid()}_{next(_tb_counter)}"
-    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=name) as tb:
+    with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=name, ipv6=ipv6) as tb:
         yield tb
+
+
+def address(host, family=4) -> str:
+    """The host's testbed address of that family (4 or 6)."""
+    if family == 6:
+        assert host.ip6, f"{host.name} has no IPv6 address: build the testbed with ipv6=True"
+        return host.ip6
+    return host.ip
+
+
+def xtables(family=4) -> str:
+    return "ip6tables" if family == 6 else "iptables"
 
 
 def stats(sock) -> dict:
@@ -118,9 +131,11 @@ class Transfer:
     _ports = itertools.count(5001)
 
     def __init__(self, h_send, h_recv, data: bytes, tmp_path, *, tos=0x28, mss=None, pause_at=None, timeout=90,
-                 dest=None, mark=None):
+                 dest=None, mark=None, family=4, extra=()):
         """dest: the address the sender connects to (default h_recv's: another one reaches it
-        through a NAT); mark: the sending socket's SO_MARK."""
+        through a NAT); mark: the sending socket's SO_MARK; family: 6 for a connection between
+        the hosts' IPv6 addresses (tos is then the traffic class); extra: more arguments of
+        nicd_peer.py send."""
         self.port = next(self._ports)
         tmp_path = Path(tmp_path)
         self.src = tmp_path / f"send{self.port}.bin"
@@ -128,12 +143,12 @@ class Transfer:
         self.go = tmp_path / f"go{self.port}"
         self.src.write_bytes(data)
         self.timeout = timeout
-        self.recv = h_recv.popen([PY, PEER, "recv", "--bind", h_recv.ip, "--port", self.port, "--out", self.out,
+        self.recv = h_recv.popen([PY, PEER, "recv", "--bind", address(h_recv, family), "--port", self.port, "--out", self.out,
                                   "--timeout", timeout], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             line = self.recv.stdout.readline()
             assert line.strip() == "listening", f"receiver did not start: {line!r} {self.recv.stderr.read()}"
-            argv = [PY, PEER, "send", "--host", dest or h_recv.ip, "--port", self.port, "--data", self.src,
+            argv = [PY, PEER, "send", "--host", dest or address(h_recv, family), "--port", self.port, "--data", self.src,
                     "--tos", hex(tos), "--timeout", timeout]
             if mss:
                 argv += ["--mss", mss]
@@ -141,6 +156,7 @@ class Transfer:
                 argv += ["--mark", mark]
             if pause_at is not None:
                 argv += ["--pause-at", pause_at, "--go", self.go]
+            argv += list(extra)
             self.send = h_send.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         except BaseException:
             self.close()
@@ -228,20 +244,20 @@ def recon(x: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(get_codec("inceptionn", error_bound=k).roundtrip(x), dtype=np.float32)
 
 
-def iptables_save(host) -> str:
-    r = host.run(["iptables-save"], capture_output=True, text=True, timeout=30)
+def iptables_save(host, family=4) -> str:
+    r = host.run([f"{xtables(family)}-save"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-def add_counting_rule(host, name, *match):
+def add_counting_rule(host, name, *match, family=4):
     """A rule in raw PREROUTING that only counts (no target): what arrives on the wire."""
-    host.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, *match,
+    host.run([xtables(family), "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, *match,
               "-m", "comment", "--comment", f"nt-{name}"], check=True)
 
 
-def rule_counts(host, name, table="raw") -> tuple[int, int]:
-    r = host.run(["iptables-save", "-c", "-t", table], capture_output=True, text=True, check=True)
+def rule_counts(host, name, table="raw", family=4) -> tuple[int, int]:
+    r = host.run([f"{xtables(family)}-save", "-c", "-t", table], capture_output=True, text=True, check=True)
     for line in r.stdout.splitlines():
         if f"nt-{name}" in line:
             m = re.match(r"\[(\d+):(\d+)\]", line)

@@ -15,7 +15,8 @@ import time
 
 import pytest
 from netns_helpers import wait_until
-from test_nicd import PEER, PY, Transfer, assert_restored_or_raw, make_testbed, recon, running_nicd
+from test_nicd import (PEER, PY, Transfer, address, assert_restored_or_raw, make_testbed, recon, running_nicd,
+                       xtables)
 
 from inceptionn.daemon._datapath import ffi, lib
 
@@ -91,39 +92,39 @@ def test_bad_scale_exponents_dropped_end_to_end(tmp_path):
     assert compressed_in_stack == 0 and scaled_in_stack == 6
 
 
-def add_stack_counter(host, name, dscp):
+def add_stack_counter(host, name, dscp, family=4):
     """Count what reaches the stack (filter INPUT, after every queue) with a DSCP."""
-    host.run(["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "-m", "dscp", "--dscp", str(dscp),
+    host.run([xtables(family), "-w", "5", "-A", "INPUT", "-p", "tcp", "-m", "dscp", "--dscp", str(dscp),
               "-m", "comment", "--comment", f"nt-{name}"], check=True)
 
 
-def stack_count(host, name) -> int:
-    r = host.run(["iptables-save", "-c", "-t", "filter"], capture_output=True, text=True, check=True)
+def stack_count(host, name, family=4) -> int:
+    r = host.run([f"{xtables(family)}-save", "-c", "-t", "filter"], capture_output=True, text=True, check=True)
     for line in r.stdout.splitlines():
         if f"nt-{name}" in line:
             return int(re.match(r"\[(\d+):", line).group(1))
     raise AssertionError(f"no rule nt-{name}")
 
 
-def crafted_to_a_daemon(tmp_path, kinds: str, count: int, restored_dscp: int) -> tuple[dict, int, int]:
-    """nicd_peer.py craft sends ``count`` packets of each kind from h1 to h2's daemon. Returns the
-    daemon's counter changes, and how many packets reached h2's stack still marked compressed and
-    with DSCP ``restored_dscp``."""
+def crafted_to_a_daemon(tmp_path, kinds: str, count: int, restored_dscp: int, family=4) -> tuple[dict, int, int]:
+    """nicd_peer.py craft sends ``count`` packets of each kind from h1 to h2's daemon (over IPv6
+    with family 6). Returns the daemon's counter changes, and how many packets reached h2's stack
+    still marked compressed and with DSCP ``restored_dscp``."""
     n = count * len(kinds.split(","))
-    with make_testbed() as tb:
+    with make_testbed(ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
-        add_stack_counter(h2, "compressed-in-stack", 11)
-        add_stack_counter(h2, "restored-in-stack", restored_dscp)
+        add_stack_counter(h2, "compressed-in-stack", 11, family)
+        add_stack_counter(h2, "restored-in-stack", restored_dscp, family)
         with running_nicd(h2, tmp_path) as d2:
             before = d2.counters()
-            r = h1.run([PY, PEER, "craft", "--dst", h2.ip, "--kinds", kinds, "--count", str(count)],
+            r = h1.run([PY, PEER, "craft", "--dst", address(h2, family), "--kinds", kinds, "--count", str(count)],
                        capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
             deadline = time.monotonic() + 5
             while d2.counters()["ingress_packets"] - before["ingress_packets"] < n and time.monotonic() < deadline:
                 time.sleep(0.1)
             delta = {k: v - before[k] for k, v in d2.counters().items()}
-        return delta, stack_count(h2, "compressed-in-stack"), stack_count(h2, "restored-in-stack")
+        return delta, stack_count(h2, "compressed-in-stack", family), stack_count(h2, "restored-in-stack", family)
 
 
 @needs_root

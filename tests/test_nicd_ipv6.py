@@ -12,12 +12,19 @@ IPv6 counterparts of tests/test_nicd.py's streams.
 """
 from __future__ import annotations
 
+import os
 import struct
+import time
 
 import numpy as np
 import pytest
 
-from test_nicd import assert_words_equal, recon
+from test_nicd import (Transfer, add_counting_rule, address, assert_restored_or_raw, assert_words_equal,
+                       iptables_save, make_testbed, recon, rule_counts, running_nicd, transfer)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big",
+         "drop_ext_header")
 
 SRC, DST = "2001:2:0:1::1", "2001:2:0:2::1"
 MARK = 0x4E43  # NICD_CSUM_MARK, checked against the C constant below
@@ -329,3 +336,157 @@ def test_flow_table_keys_ipv6_flows_by_their_addresses():
         assert lib.nicd_hello_get(a, got) == 0 and lib.nicd_hello_get(mapped, got) == 0
     finally:
         lib.nicd_flows_free()
+
+
+# --- end to end: real TCP over IPv6 through the soft NICs -------------------------------------
+
+MODES = {"per-packet": ("--no-gso",), "gso": ("--gso",)}
+
+
+@needs_root
+@pytest.mark.parametrize("mode", MODES)
+def test_ipv6_stream_compressed(tmp_path, small, mode):
+    """A tagged float32 stream h1 -> h2 between IPv6 addresses, MTU 1500: negotiated by the hello
+    option on the IPv6 SYN/SYN-ACK, compressed (seen on h2's wire with DSCP 11 in the traffic
+    class), restored; the application gets the codec's roundtrip."""
+    want = recon(small, -10).tobytes()
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        add_counting_rule(h2, "compressed6", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11", family=6)
+        with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
+            c1, c2 = d1.counters(), d2.counters()
+        on_wire = rule_counts(h2, "compressed6", family=6)[0]
+    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], f"IPv6, {mode}")
+    assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
+    assert c1["hello_sent"] >= 1 and c2["hello_received"] >= 1
+    assert c1["egress_compressed"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
+    assert c1["egress_orig_bytes"] > 0.9 * small.nbytes
+    assert c1["egress_wire_bytes"] < c1["egress_orig_bytes"] / 3
+    assert c2["ingress_orig_bytes"] == c1["egress_orig_bytes"]
+    assert on_wire >= c1["egress_compressed"]
+    if mode == "gso":
+        assert c1["gso_super_packets"] > 0 and c1["gso_send_errors"] == 0
+    else:
+        assert c1["gso_super_packets"] == 0
+    assert c1["egress_raw_ext_header"] == 0
+    for key in DROPS:
+        assert c2[key] == 0, (key, c2)
+
+
+@needs_root
+def test_ipv6_random_loss(tmp_path, small):
+    """5% of what reaches h2 dropped by ip6tables -m statistic, before its daemon: lost
+    compressed packets, retransmitted and compressed again, maybe with other boundaries."""
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        h2.run(["ip6tables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
+                "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
+                "--comment", "nt-loss", "-j", "DROP"], check=True)
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
+            c1, c2 = d1.counters(), d2.counters()
+        lost = rule_counts(h2, "loss", family=6)[0]
+    assert lost > 0, "the loss rule dropped nothing"
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), c1["egress_raw_bytes"],
+                           "IPv6 with 5% loss")
+    assert c1["egress_compressed"] > c2["ingress_restored"] > 0
+    assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
+
+
+@needs_root
+def test_ipv6_receiver_daemon_killed_fails_closed(tmp_path, grads):
+    """The receiver's daemon killed mid-stream: no compressed byte reaches the application (the
+    IPv6 fail-closed drop holds the flow), what arrived before is the roundtrip; a restarted
+    daemon lets it finish."""
+    data = grads.tobytes()
+    want = recon(grads, -10).tobytes()
+    with make_testbed(rate="4mbit", ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            t = Transfer(h1, h2, data, tmp_path, timeout=120, family=6)
+            try:
+                t.wait_received(1_500_000)
+                d2.kill()
+                time.sleep(0.7)
+                n0 = t.received_len()
+                time.sleep(1.5)
+                n1 = t.received_len()
+                so_far = t.received()
+                assert n1 == n0, f"data kept arriving with the receiver daemon dead ({n0} -> {n1} bytes)"
+                assert n1 < len(data)
+                m = len(so_far) // 4 * 4
+                assert_words_equal(so_far[:m], want[:m], "data delivered before/while the daemon was down")
+                assert "NFQUEUE" in iptables_save(h2, family=6)
+                with running_nicd(h2, tmp_path, tag="-restarted") as d2b:
+                    got = t.finish(timeout=90)
+                    c2b = d2b.counters()
+            finally:
+                t.close()
+            c1 = d1.counters()
+    assert_words_equal(got, want, "after the restart")
+    assert c2b["ingress_restored"] > 0 and c1["egress_compressed"] > 0
+
+
+@needs_root
+def test_ipv6_hostile_packets_dropped_and_counted(tmp_path):
+    """Crafted IPv6 packets with the compressed mark: each kind dropped and counted as the IPv4
+    ones are, a valid compressed packet behind an extension header too (drop_ext_header); none
+    reaches the stack marked compressed; the valid ones are restored."""
+    from test_nicd_hostile import crafted_to_a_daemon
+    kinds = "random,magic,bad_crc,decode,checksum,huge_n,ext_header,scaled"
+    delta, compressed_in_stack, restored_in_stack = crafted_to_a_daemon(tmp_path, kinds, 3, 9, family=6)
+    seen = {k: v for k, v in delta.items() if v}
+    assert delta["ingress_packets"] == 24, seen
+    assert delta["drop_header"] == 6 and delta["drop_crc"] == 3 and delta["drop_decode"] == 3, seen
+    assert delta["drop_checksum"] == 3 and delta["drop_too_big"] == 3 and delta["drop_ext_header"] == 3, seen
+    assert delta["ingress_restored"] == 3 and delta["drop_malformed"] == 0, seen
+    assert compressed_in_stack == 0, "a compressed packet reached the stack"
+    assert restored_in_stack == 3  # the scaled ones, restored with their sender's mark (DSCP 9)
+
+
+@needs_root
+def test_ipv6_extension_headers_leave_raw(tmp_path, small):
+    """A tagged IPv6 connection whose every packet carries a destination-options header
+    (IPV6_DSTOPTS): never transformed, not even its SYN (so no hello, no negotiation); counted as
+    egress_raw_ext_header; the stream arrives byte for byte."""
+    data = small[:128 * 1024].tobytes()
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+            got = transfer(h1, h2, data, tmp_path, family=6, extra=["--dstopts"])
+            c1, c2 = d1.counters(), d2.counters()
+    assert got == data
+    assert c1["egress_raw_ext_header"] > 10 and c1["hello_sent"] == 0 and c1["egress_compressed"] == 0
+    assert c1["flows_negotiated"] == c2["flows_negotiated"] == 0
+    assert c2["ingress_restored"] == 0 and c2["drop_ext_header"] == 0
+
+
+@needs_root
+@pytest.mark.parametrize("mode", MODES)
+def test_dual_stack_flows_at_once(tmp_path, small, grads, mode):
+    """An IPv4 and an IPv6 tagged flow between the same two hosts at the same time, on the same
+    queues: both negotiated, both compressed, both the codec's roundtrip."""
+    x4, x6 = small, np.ascontiguousarray(grads[-512 * 1024:])
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        add_counting_rule(h2, "c4", "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11")
+        add_counting_rule(h2, "c6", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11", family=6)
+        with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
+            t4 = Transfer(h1, h2, x4.tobytes(), tmp_path, family=4)
+            t6 = Transfer(h1, h2, x6.tobytes(), tmp_path, family=6)
+            try:
+                got4, got6 = t4.finish(), t6.finish()
+            finally:
+                t4.close()
+                t6.close()
+            c1, c2 = d1.counters(), d2.counters()
+        on_wire4, on_wire6 = rule_counts(h2, "c4")[0], rule_counts(h2, "c6", family=6)[0]
+    assert_restored_or_raw(got4, x4.tobytes(), recon(x4, -10).tobytes(), c1["egress_raw_bytes"], "IPv4 flow")
+    assert_restored_or_raw(got6, x6.tobytes(), recon(x6, -10).tobytes(), c1["egress_raw_bytes"], "IPv6 flow")
+    assert c1["flows_negotiated"] == 2 and c2["flows_negotiated"] == 2
+    assert on_wire4 > 0 and on_wire6 > 0, (on_wire4, on_wire6)
+    assert c1["egress_orig_bytes"] > 0.9 * (x4.nbytes + x6.nbytes)
+    assert c2["ingress_restored"] == c1["egress_compressed"]
+    for key in DROPS:
+        assert c2[key] == 0, (key, c2)
