@@ -490,3 +490,53 @@ def test_dual_stack_flows_at_once(tmp_path, small, grads, mode):
     assert c2["ingress_restored"] == c1["egress_compressed"]
     for key in DROPS:
         assert c2[key] == 0, (key, c2)
+
+
+@needs_root
+def test_ipv6_gso_cuts_to_the_route_mtu(tmp_path, small):
+    """h1's route to h2 says MTU 1280 (IPv6's minimum; the links say 1500): gso must cut its
+    compressed packets to the path MTU it reads with IPV6_MTU, or the kernel refuses them (no
+    router and no host fragments them). None over 1280 bytes, some near it, none lost."""
+    from inceptionn.kernel_tc import netns as ns
+    want = recon(small, -10).tobytes()
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        with ns.ipr(h1.netns) as ipr:
+            eth = ipr.link_lookup(ifname=h1.ifname)[0]
+            ipr.route("add", family=10, dst=h2.ip6, dst_len=128, oif=eth, metrics={"mtu": 1280})
+        add_counting_rule(h2, "big", "-s", h1.ip6, "-m", "length", "--length", "1281:65535", family=6)
+        add_counting_rule(h2, "near", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11",
+                          "-m", "length", "--length", "1200:1280", family=6)
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
+            c1, c2 = d1.counters(), d2.counters()
+        big, near = rule_counts(h2, "big", family=6)[0], rule_counts(h2, "near", family=6)[0]
+    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], "IPv6 at a 1280-byte path MTU")
+    assert big == 0, f"{big} packets over the path MTU arrived"
+    assert near > 0.5 * c1["egress_compressed"], (near, c1["egress_compressed"])
+    assert c1["gso_super_packets"] > 0 and c1["gso_send_errors"] == 0
+    assert c2["ingress_restored"] == c1["egress_compressed"]
+
+
+VIP6 = "2001:2::99"  # a service address h1's own NAT maps to h2 (nat OUTPUT DNAT, as kube-proxy)
+
+
+@needs_root
+def test_ipv6_dnat_on_the_sender(tmp_path, small):
+    """h1 reaches h2 through a service address its own NAT66 maps (ip6tables nat OUTPUT DNAT).
+    The gso path's raw-socket packets must carry the connection's original tuple (asked from
+    conntrack with CTA_IP_V6_SRC/DST) and be NATed as its own: no RST, the stream whole."""
+    want = recon(small, -10).tobytes()
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        h1.run(["ip6tables", "-w", "5", "-t", "nat", "-A", "OUTPUT", "-d", VIP6, "-p", "tcp", "-j", "DNAT",
+                "--to-destination", h2.ip6], check=True)
+        add_counting_rule(h1, "rst", "-p", "tcp", "--tcp-flags", "RST", "RST", family=6)
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            got = transfer(h1, h2, small.tobytes(), tmp_path, dest=VIP6, timeout=40, family=6)
+            c1, c2 = d1.counters(), d2.counters()
+        rsts = rule_counts(h1, "rst", family=6)[0]
+    assert_words_equal(got, want, "through h1's DNAT66")
+    assert rsts == 0
+    assert c1["gso_super_packets"] > 0 and c1["flows_fell_back"] == 0
+    assert c2["ingress_restored"] == c1["egress_compressed"] > 0
