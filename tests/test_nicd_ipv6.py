@@ -540,3 +540,26 @@ def test_ipv6_dnat_on_the_sender(tmp_path, small):
     assert rsts == 0
     assert c1["gso_super_packets"] > 0 and c1["flows_fell_back"] == 0
     assert c2["ingress_restored"] == c1["egress_compressed"] > 0
+
+
+@needs_root
+def test_ipv6_flow_gives_up_when_compressed_packets_never_arrive(tmp_path, small):
+    """Something in front of h2's daemon drops every IPv6 packet with the compressed DSCP (a
+    middlebox's policy): TCP resends the same range again and again, h1's daemon gives the flow
+    up (logged once with the IPv6 addresses in brackets), resends the last byte raw through its
+    IPv6 raw socket, and the stream arrives as the original, byte for byte."""
+    import re
+    data = small[:64 * 1024].tobytes()
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path):
+            h2.run(["ip6tables", "-w", "5", "-t", "raw", "-I", "PREROUTING", "1", "-i", h2.ifname, "-m", "dscp",
+                    "--dscp", "11", "-m", "comment", "--comment", "nt-middlebox", "-j", "DROP"], check=True)
+            got = transfer(h1, h2, data, tmp_path, family=6, timeout=60)
+            c1 = d1.counters()
+            lines = [line for line in d1.log_text().splitlines() if "sending this flow raw from now on" in line]
+        dropped = rule_counts(h2, "middlebox", family=6)[0]
+    assert got == data
+    assert dropped > 0 and c1["egress_compressed"] > 0
+    assert c1["flows_fell_back"] == 1 and c1["egress_raw_fell_back"] > 0, c1
+    assert len(lines) == 1 and re.search(rf"flow \[{h1.ip6}\]:\d+ -> \[{h2.ip6}\]:\d+", lines[0]), lines
