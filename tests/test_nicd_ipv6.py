@@ -563,3 +563,35 @@ def test_ipv6_flow_gives_up_when_compressed_packets_never_arrive(tmp_path, small
     assert dropped > 0 and c1["egress_compressed"] > 0
     assert c1["flows_fell_back"] == 1 and c1["egress_raw_fell_back"] > 0, c1
     assert len(lines) == 1 and re.search(rf"flow \[{h1.ip6}\]:\d+ -> \[{h2.ip6}\]:\d+", lines[0]), lines
+
+
+@needs_root
+def test_ipv6_gso_recuts_when_the_path_mtu_falls(tmp_path, small):
+    """The sender pauses after 1 MiB; its route to h2 then falls from 1500 to 1280 bytes while
+    nicd still has 1500 cached. The first super-packets cut for 1500 are refused by the IPv6 raw
+    socket (EMSGSIZE: no host or router fragments them); nicd looks the path MTU up again and
+    re-cuts: nothing over 1280 arrives after the change, nothing counts as a send error, every
+    compressed packet sent is restored."""
+    from inceptionn.kernel_tc import netns as ns
+    want = recon(small, -10).tobytes()
+    with make_testbed(mtu=1500, ipv6=True) as tb:
+        h1, h2 = tb.hosts
+        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
+            t = Transfer(h1, h2, small.tobytes(), tmp_path, family=6, pause_at=1 << 20)
+            try:
+                t.wait_paused()
+                t.wait_received(1 << 20)
+                with ns.ipr(h1.netns) as ipr:
+                    eth = ipr.link_lookup(ifname=h1.ifname)[0]
+                    ipr.route("add", family=10, dst=h2.ip6, dst_len=128, oif=eth, metrics={"mtu": 1280})
+                add_counting_rule(h2, "big", "-s", h1.ip6, "-m", "length", "--length", "1281:65535", family=6)
+                t.go.touch()
+                got = t.finish()
+            finally:
+                t.close()
+            c1, c2 = d1.counters(), d2.counters()
+        big = rule_counts(h2, "big", family=6)[0]
+    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], "IPv6, path MTU 1500 -> 1280")
+    assert big == 0, f"{big} packets over the new path MTU arrived"
+    assert c1["gso_send_errors"] == 0 and c1["gso_super_packets"] > 0
+    assert c2["ingress_restored"] == c1["egress_compressed"]
