@@ -1213,22 +1213,17 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
             "are dropped and its egress packets leave raw");
     sockopt(OPT_QUEUE_SNDBUF, fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndsize, sizeof sndsize, "SO_SNDBUFFORCE",
             "a batch of verdicts may not fit the default send buffer: its packets are lost (verdict_errors)");
-    if (cx->raw_fd >= 0) { /* a few super-packets' worth */
-        int rawsize = 4 << 20;
-        sockopt(OPT_RAW_SNDBUF, cx->raw_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize,
+    for (int v6 = 0; v6 < 2; v6++) { /* the raw sockets: a few super-packets' worth of buffer */
+        int rfd = v6 ? cx->raw6_fd : cx->raw_fd, rawsize = 4 << 20;
+        if (rfd < 0)
+            continue;
+        sockopt(OPT_RAW_SNDBUF, rfd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize,
                 "SO_SNDBUFFORCE on the raw socket", "sending a super-packet's compressed packets may wait for "
                 "room in the default send buffer");
         /* without it a raw socket reports a packet its qdisc dropped as sent */
-        sockopt(OPT_RAW_RECVERR, cx->raw_fd, IPPROTO_IP, IP_RECVERR, &one, sizeof one, "IP_RECVERR",
+        sockopt(v6 ? OPT_RAW_RECVERR6 : OPT_RAW_RECVERR, rfd, v6 ? IPPROTO_IPV6 : IPPROTO_IP,
+                v6 ? IPV6_RECVERR : IP_RECVERR, &one, sizeof one, v6 ? "IPV6_RECVERR" : "IP_RECVERR",
                 "compressed packets the qdisc drops are not counted (gso_send_errors)");
-    }
-    if (cx->raw6_fd >= 0) {
-        int rawsize = 4 << 20;
-        sockopt(OPT_RAW_SNDBUF, cx->raw6_fd, SOL_SOCKET, SO_SNDBUFFORCE, &rawsize, sizeof rawsize,
-                "SO_SNDBUFFORCE on the raw socket", "sending a super-packet's compressed packets may wait for "
-                "room in the default send buffer");
-        sockopt(OPT_RAW_RECVERR6, cx->raw6_fd, IPPROTO_IPV6, IPV6_RECVERR, &one, sizeof one, "IPV6_RECVERR",
-                "IPv6 compressed packets the qdisc drops are not counted (gso_send_errors)");
     }
     cx->fd = fd;
     struct mmsghdr mm[RECV_MSGS];

@@ -400,13 +400,15 @@ def test_random_loss(tmp_path, small):
 
 # --- 6. receiver daemon killed: fail closed, then recover --------------------------------------
 
-def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads):
+@pytest.mark.parametrize("family", [4, 6])
+def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads, family):
+    """family 6: the same over IPv6, held closed by the IPv6 fail-closed drop."""
     data = grads.tobytes()
     want = recon(grads, -10).tobytes()
-    with make_testbed(rate="4mbit") as tb:
+    with make_testbed(rate="4mbit", ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            t = Transfer(h1, h2, data, tmp_path, timeout=120)
+            t = Transfer(h1, h2, data, tmp_path, timeout=120, family=family)
             try:
                 t.wait_received(1_500_000)
                 d2.kill()
@@ -419,7 +421,7 @@ def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads):
                 assert n1 < len(data)
                 m = len(so_far) // 4 * 4
                 assert_words_equal(so_far[:m], want[:m], "data delivered before/while the daemon was down")
-                assert "NFQUEUE" in iptables_save(h2)  # the leftover ingress rule is what holds it closed
+                assert "NFQUEUE" in iptables_save(h2, family)  # the leftover ingress rule is what holds it closed
                 with running_nicd(h2, tmp_path, tag="-restarted") as d2b:
                     got = t.finish(timeout=90)
                     c2b = d2b.counters()

@@ -279,7 +279,7 @@ EXISTING = {  # test -> its parameters
     "test_tagged_and_untagged_in_parallel": {},
     "test_unaligned_segments_and_odd_tail": {"mss": 1001},
     "test_random_loss": {},
-    "test_receiver_daemon_killed_fails_closed_and_recovers": {},
+    "test_receiver_daemon_killed_fails_closed_and_recovers": {"family": 4},
     "test_sender_daemon_killed_flow_continues_raw": {},
     "test_flow_started_before_daemons_stays_raw": {},
     "test_hostile_packets_dropped_and_counted": {},
