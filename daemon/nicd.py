@@ -81,7 +81,7 @@ def cleanup(args) -> int:
     rules.check_access()
     n = rules.remove_dead()
     _remove_stale_files(args)
-    print(f"nicd cleanup: removed {n} rule(s); the drop of compressed packets stays "
+    print(f"nicd cleanup: removed {rules.describe(n)}; the drop of compressed packets stays "
           "(`inceptionn nicd --uninstall` removes it)", file=sys.stderr)
     return 0
 
@@ -95,7 +95,7 @@ def uninstall(args) -> int:
                         "--uninstall (systemctl stop inceptionn-nicd)")
     n = rules.remove_everything()
     _remove_stale_files(args)
-    print(f"nicd uninstall: removed {n} rule(s)", file=sys.stderr)
+    print(f"nicd uninstall: removed {rules.describe(n)}", file=sys.stderr)
     return 0
 
 
@@ -224,7 +224,7 @@ def _teardown(cfg, server, dp) -> bool:
     clean = True
     try:
         n = rules.remove_instance(cfg.queue_base)
-        log.info("removed %d rule(s); the drop of compressed packets stays", n)
+        log.info("removed %s; the drop of compressed packets stays", rules.describe(n))
     except UserError as exc:
         log.error("stop: %s; `inceptionn nicd --cleanup` removes them once this daemon has exited", exc)
         clean = False
