@@ -230,7 +230,7 @@ def ipv6_missing() -> str | None:
     kernel without IPv6, or an ip6tables that cannot read its tables (while iptables can)."""
     if shutil.which(_TOOL[6]) is None:
         return "ip6tables is not installed"
-    if not Path("/proc/sys/net/ipv6").is_dir():
+    if not Path("/proc/self/net/if_inet6").exists():  # /proc/self/net: visible under ProcSubset=pid
         return "the kernel has no IPv6 (ipv6.disable=1?)"
     r = _iptables("-t", "raw", "-S", "PREROUTING", check=False, family=6)
     if r.returncode > 0 and "denied" not in r.stderr and "must be root" not in r.stderr:
