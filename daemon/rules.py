@@ -121,24 +121,28 @@ SHIM_START, SHIM_START_MASK, SHIM_LEN = 0x4920, 0xFFF0, 11
 # with SHIM_START: what a compressed packet looks like after a router rewrote its DSCP. Only a
 # candidate: nicd tells by its TCP checksum (wrong by exactly NICD_CSUM_MARK) and lets every
 # other packet through untouched.
+# After the header lengths are in A: does a shim header's worth of payload start with SHIM_START?
+_SHIM_AT_PAYLOAD = (
+    (_ADD_K, 0, 0, SHIM_LEN),  # +0
+    (_TAX, 0, 0, 0),         # +1  X = payload offset + a shim header
+    (_LD_LEN, 0, 0, 0),      # +2
+    (_JGE_X, 0, 7, 0),       # +3  room for a shim header? -> +4, else +11
+    (_TXA, 0, 0, 0),         # +4
+    (_SUB_K, 0, 0, SHIM_LEN),  # +5
+    (_TAX, 0, 0, 0),         # +6  X = payload offset
+    (_LDH_X, 0, 0, 0),       # +7  A = the payload's first two bytes
+    (_AND_K, 0, 0, SHIM_START_MASK),  # +8 any codec
+    (_JEQ_K, 0, 1, SHIM_START),  # +9 -> +10, else +11
+    (_RET_K, 0, 0, 1),       # +10 looks compressed: match
+    (_RET_K, 0, 0, 0),       # +11 no match
+)
 LOOKS_COMPRESSED = _cbpf(
     (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
     (_LDB_X, 0, 0, 13),      # 1  A = TCP flags
     (_JSET_K, 0, 1, 0x02),   # 2  SYN? -> 3, else 4
     (_RET_K, 0, 0, 0),       # 3  a SYN: no match
     *_HEADERS_LEN,           # 4-7 A = IP + TCP header length
-    (_ADD_K, 0, 0, SHIM_LEN),  # 8
-    (_TAX, 0, 0, 0),         # 9  X = payload offset + a shim header
-    (_LD_LEN, 0, 0, 0),      # 10
-    (_JGE_X, 0, 7, 0),       # 11 room for a shim header? -> 12, else 19
-    (_TXA, 0, 0, 0),         # 12
-    (_SUB_K, 0, 0, SHIM_LEN),  # 13
-    (_TAX, 0, 0, 0),         # 14 X = payload offset
-    (_LDH_X, 0, 0, 0),       # 15 A = the payload's first two bytes
-    (_AND_K, 0, 0, SHIM_START_MASK),  # 16 any codec
-    (_JEQ_K, 0, 1, SHIM_START),  # 17 -> 18, else 19
-    (_RET_K, 0, 0, 1),       # 18 looks compressed: match
-    (_RET_K, 0, 0, 0),       # 19 no match
+    *_SHIM_AT_PAYLOAD,       # 8-19
 )
 
 # The IPv6 versions read a fixed 40-byte header. Only a TCP header right after it (next header
@@ -147,20 +151,29 @@ LOOKS_COMPRESSED = _cbpf(
 # the extension headers, and a compressed-marked one must be refused, queued or dropped: fail
 # closed), while LOOKS_COMPRESSED6, which only looks for rewritten marks, never matches one.
 _LDB_ABS = 0x30
-_HEADERS_LEN6 = ((_LDB_ABS, 0, 0, IPV6_HDR_LEN + 12), (_RSH_K, 0, 0, 2), (_AND_K, 0, 0, 0x3C),
-                 (_ADD_K, 0, 0, IPV6_HDR_LEN))  # A = 40 + TCP header length
+
+
+def _tcp6_not_syn(other: int) -> tuple:
+    """Instructions 0-13 of an IPv6 program: return ``other`` for a packet without a whole TCP
+    header right after the IPv6 header, 0 for a SYN, else go on with A = 40 + TCP header length."""
+    return (
+        (_LDB_ABS, 0, 0, 6),     # 0  A = next header
+        (_JEQ_K, 1, 0, IPPROTO_TCP),  # 1  TCP right after the header? -> 3
+        (_RET_K, 0, 0, other),   # 2  extension headers
+        (_LDX_IMM, 0, 0, IPV6_HDR_LEN + 20),  # 3  X = IPv6 + the smallest TCP header
+        (_LD_LEN, 0, 0, 0),      # 4  A = packet length
+        (_JGE_X, 1, 0, 0),       # 5  room for a TCP header? -> 7
+        (_RET_K, 0, 0, other),   # 6  no: malformed
+        (_LDB_ABS, 0, 0, IPV6_HDR_LEN + 13),  # 7  A = TCP flags
+        (_JSET_K, 0, 1, 0x02),   # 8  SYN? -> 9, else 10
+        (_RET_K, 0, 0, 0),       # 9  a SYN: no match
+        (_LDB_ABS, 0, 0, IPV6_HDR_LEN + 12), (_RSH_K, 0, 0, 2), (_AND_K, 0, 0, 0x3C),
+        (_ADD_K, 0, 0, IPV6_HDR_LEN),  # 10-13 A = IPv6 + TCP header length
+    )
+
+
 MAY_BE_COMPRESSED6 = _cbpf(
-    (_LDB_ABS, 0, 0, 6),     # 0  A = next header
-    (_JEQ_K, 1, 0, IPPROTO_TCP),  # 1  TCP right after the header? -> 3
-    (_RET_K, 0, 0, 1),       # 2  extension headers: match (nicd refuses such a packet)
-    (_LDX_IMM, 0, 0, IPV6_HDR_LEN + 20),  # 3  X = IPv6 + the smallest TCP header
-    (_LD_LEN, 0, 0, 0),      # 4  A = packet length
-    (_JGE_X, 1, 0, 0),       # 5  room for a TCP header? -> 7
-    (_RET_K, 0, 0, 1),       # 6  no: malformed, match (nicd counts it)
-    (_LDB_ABS, 0, 0, IPV6_HDR_LEN + 13),  # 7  A = TCP flags
-    (_JSET_K, 0, 1, 0x02),   # 8  SYN? -> 9, else 10
-    (_RET_K, 0, 0, 0),       # 9  a SYN: no match
-    *_HEADERS_LEN6,          # 10-13 A = IPv6 + TCP header length
+    *_tcp6_not_syn(1),       # 0-13 extension headers or malformed: match (nicd refuses, counts)
     (_TAX, 0, 0, 0),         # 14
     (_LD_LEN, 0, 0, 0),      # 15
     (_JGT_X, 0, 1, 0),       # 16 anything after the headers? -> 17, else 18
@@ -168,29 +181,8 @@ MAY_BE_COMPRESSED6 = _cbpf(
     (_RET_K, 0, 0, 0),       # 18 a pure ACK: no match
 )
 LOOKS_COMPRESSED6 = _cbpf(
-    (_LDB_ABS, 0, 0, 6),     # 0  A = next header
-    (_JEQ_K, 1, 0, IPPROTO_TCP),  # 1  TCP right after the header? -> 3
-    (_RET_K, 0, 0, 0),       # 2  extension headers: no match
-    (_LDX_IMM, 0, 0, IPV6_HDR_LEN + 20),  # 3
-    (_LD_LEN, 0, 0, 0),      # 4
-    (_JGE_X, 1, 0, 0),       # 5  room for a TCP header? -> 7
-    (_RET_K, 0, 0, 0),       # 6  no: no match
-    (_LDB_ABS, 0, 0, IPV6_HDR_LEN + 13),  # 7  A = TCP flags
-    (_JSET_K, 0, 1, 0x02),   # 8  SYN? -> 9, else 10
-    (_RET_K, 0, 0, 0),       # 9  a SYN: no match
-    *_HEADERS_LEN6,          # 10-13 A = IPv6 + TCP header length
-    (_ADD_K, 0, 0, SHIM_LEN),  # 14
-    (_TAX, 0, 0, 0),         # 15 X = payload offset + a shim header
-    (_LD_LEN, 0, 0, 0),      # 16
-    (_JGE_X, 0, 7, 0),       # 17 room for a shim header? -> 18, else 25
-    (_TXA, 0, 0, 0),         # 18
-    (_SUB_K, 0, 0, SHIM_LEN),  # 19
-    (_TAX, 0, 0, 0),         # 20 X = payload offset
-    (_LDH_X, 0, 0, 0),       # 21 A = the payload's first two bytes
-    (_AND_K, 0, 0, SHIM_START_MASK),  # 22 any codec
-    (_JEQ_K, 0, 1, SHIM_START),  # 23 -> 24, else 25
-    (_RET_K, 0, 0, 1),       # 24 looks compressed: match
-    (_RET_K, 0, 0, 0),       # 25 no match
+    *_tcp6_not_syn(0),       # 0-13
+    *_SHIM_AT_PAYLOAD,       # 14-25
 )
 # Per family: (smallest queued packet, MAY_BE_COMPRESSED, LOOKS_COMPRESSED)
 _FAMILY_MATCH = {4: (MIN_QUEUED_LENGTH, MAY_BE_COMPRESSED, LOOKS_COMPRESSED),
