@@ -6,10 +6,12 @@ from the one table in rule_specs: the same chains, queues, comments and bypass c
 length threshold and the cBPF programs differ (an IPv6 header is 40 bytes, no IHL). A host
 without ip6tables or without IPv6 in its kernel gets the IPv4 rules and one log line saying IPv6
 is not covered. A namespace that merely has disable_ipv6=1 still gets both: one sysctl write
-turns IPv6 on again, and the rules cost nothing meanwhile. Each instance's rules carry the comment ``inceptionn-nicd-<queue_base>``
-(its first queue number, unique among the instances of a network namespace, since two
-processes cannot bind one queue), so an instance finds exactly its own rules, also after a
-crash, and leaves the other instances' alone. Rules are inserted at the top of their chains,
+turns IPv6 on again, and the rules cost nothing meanwhile.
+
+Each instance's rules carry the comment ``inceptionn-nicd-<queue_base>`` (its first queue
+number, unique among the instances of a network namespace, since two processes cannot bind one
+queue), so an instance finds exactly its own rules in both families, also after a crash, and
+leaves the other instances' alone. Rules are inserted at the top of their chains,
 in order, ahead of whatever firewall the host has (behind leading rules that only count or
 drop, see _top).
 
@@ -231,7 +233,7 @@ def ipv6_missing() -> str | None:
 
 
 def families() -> tuple[int, ...]:
-    """The address families whose rules exist here: IPv4 always, IPv6 when ipv6_missing() says so."""
+    """The address families whose rules exist here: IPv4 always, IPv6 unless ipv6_missing() names a reason."""
     return FAMILIES if ipv6_missing() is None else (4,)
 
 
