@@ -158,11 +158,20 @@ def run(args) -> int:
     stop = threading.Event()
     reload_requested = threading.Event()
 
+    warned = []
+
     def on_stop(signum, _frame):
         # A second Ctrl-C or a `timeout` repeating its signal must not cut the removal of the
-        # rules short: the stop goes on to its end and says how it went.
+        # rules short: the stop goes on to its end and says how it went. Said once: Python runs
+        # this handler in the main thread however the signals are masked there (another thread
+        # takes them), and a handler that logs on every signal of a stream nests into itself
+        # until the recursion limit (seen with a signal every 2 ms under load).
         if stop.is_set():
-            log.warning("%s while stopping: still removing the rules", signal.Signals(signum).name)
+            if not warned:
+                warned.append(signum)
+                log.warning("%s while stopping: still removing the rules (further signals are ignored)",
+                            signal.Signals(signum).name)
+            return
         stop.set()
 
     signal.signal(signal.SIGTERM, on_stop)

@@ -111,7 +111,7 @@ class Host:
             "rate": format_rate(self.rate_bps) if self.rate_bps else None,
             "rate_bps": self.rate_bps,
             "switch_port": self.switch_port,
-            "address6": self.ip6,
+            **({"address6": self.ip6} if self.ip6 else {}),  # only on an ipv6=True testbed
         }
 
 
