@@ -36,7 +36,9 @@ def register(sub) -> None:
                        "Settings come from --config (default /etc/inceptionn/nicd.toml if present), "
                        "flags override them. SIGTERM/SIGINT stop it and remove its queue rules; a drop of "
                        "compressed packets stays, so none reaches an application while it is down, "
-                       "until --uninstall. SIGHUP reloads error_bound and log_level.")
+                       "until --uninstall. SIGHUP reloads error_bound and log_level. Its rules exist in "
+                       "iptables and ip6tables alike (IPv4 only, said in one line, where ip6tables or the "
+                       "kernel's IPv6 is missing); --cleanup and --uninstall remove both.")
     p.add_argument("--config", metavar="PATH", help="TOML config file (default /etc/inceptionn/nicd.toml if present)")
     p.defer(_add_setting_flags)  # from settings.py, which reads the marks through cffi
     p.add_argument("--check", action="store_true",

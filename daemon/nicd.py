@@ -81,7 +81,7 @@ def cleanup(args) -> int:
     rules.check_access()
     n = rules.remove_dead()
     _remove_stale_files(args)
-    print(f"nicd cleanup: removed {n} rule(s); the drop of compressed packets stays "
+    print(f"nicd cleanup: removed {rules.describe(n)}; the drop of compressed packets stays "
           "(`inceptionn nicd --uninstall` removes it)", file=sys.stderr)
     return 0
 
@@ -95,7 +95,7 @@ def uninstall(args) -> int:
                         "--uninstall (systemctl stop inceptionn-nicd)")
     n = rules.remove_everything()
     _remove_stale_files(args)
-    print(f"nicd uninstall: removed {n} rule(s)", file=sys.stderr)
+    print(f"nicd uninstall: removed {rules.describe(n)}", file=sys.stderr)
     return 0
 
 
@@ -158,11 +158,20 @@ def run(args) -> int:
     stop = threading.Event()
     reload_requested = threading.Event()
 
+    warned = []
+
     def on_stop(signum, _frame):
         # A second Ctrl-C or a `timeout` repeating its signal must not cut the removal of the
-        # rules short: the stop goes on to its end and says how it went.
+        # rules short: the stop goes on to its end and says how it went. Said once: Python runs
+        # this handler in the main thread however the signals are masked there (another thread
+        # takes them), and a handler that logs on every signal of a stream nests into itself
+        # until the recursion limit (seen with a signal every 2 ms under load).
         if stop.is_set():
-            log.warning("%s while stopping: still removing the rules", signal.Signals(signum).name)
+            if not warned:
+                warned.append(signum)
+                log.warning("%s while stopping: still removing the rules (further signals are ignored)",
+                            signal.Signals(signum).name)
+            return
         stop.set()
 
     signal.signal(signal.SIGTERM, on_stop)
@@ -224,7 +233,7 @@ def _teardown(cfg, server, dp) -> bool:
     clean = True
     try:
         n = rules.remove_instance(cfg.queue_base)
-        log.info("removed %d rule(s); the drop of compressed packets stays", n)
+        log.info("removed %s; the drop of compressed packets stays", rules.describe(n))
     except UserError as exc:
         log.error("stop: %s; `inceptionn nicd --cleanup` removes them once this daemon has exited", exc)
         clean = False

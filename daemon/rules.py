@@ -1,10 +1,17 @@
 """The netfilter rules that feed nicd's queues, and the drop that keeps ingress closed without it.
 
 iptables (nf_tables backend through the xtables compat layer): this kernel has no native nft
-`queue` statement. Each instance's rules carry the comment ``inceptionn-nicd-<queue_base>``
-(its first queue number, unique among the instances of a network namespace, since two
-processes cannot bind one queue), so an instance finds exactly its own rules, also after a
-crash, and leaves the other instances' alone. Rules are inserted at the top of their chains,
+`queue` statement. Every rule below exists twice, for IPv4 (iptables) and IPv6 (ip6tables), made
+from the one table in rule_specs: the same chains, queues, comments and bypass choices; only the
+length threshold and the cBPF programs differ (an IPv6 header is 40 bytes, no IHL). A host
+without ip6tables or without IPv6 in its kernel gets the IPv4 rules and one log line saying IPv6
+is not covered. A namespace that merely has disable_ipv6=1 still gets both: one sysctl write
+turns IPv6 on again, and the rules cost nothing meanwhile.
+
+Each instance's rules carry the comment ``inceptionn-nicd-<queue_base>`` (its first queue
+number, unique among the instances of a network namespace, since two processes cannot bind one
+queue), so an instance finds exactly its own rules in both families, also after a crash, and
+leaves the other instances' alone. Rules are inserted at the top of their chains,
 in order, ahead of whatever firewall the host has (behind leading rules that only count or
 drop, see _top).
 
@@ -12,7 +19,7 @@ Egress (mangle POSTROUTING -o IFACE, after conntrack saw the original segment), 
 (--queue-bypass):
   tagged TCP SYN (DSCP of `tos` or of `tos_scaled`, one rule each)
                                   -> egress queue: remember the ISN, mark "soft NIC here"
-  tagged TCP, IP length >= 100 (one rule per mark)
+  tagged TCP, IP length >= 100 (IPv6: >= 120) (one rule per mark)
                                   -> egress queue: compress (pure ACKs and tiny segments,
                                      which could never shrink, never cost a queue round trip)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
@@ -62,9 +69,15 @@ from .config import NicdConfig
 COMMENT = contract.RULE_COMMENT
 FAILCLOSED_COMMENT = contract.FAILCLOSED_COMMENT  # the persistent drops, all instances
 TABLES = ("raw", "mangle")
+FAMILIES = (4, 6)
+_TOOL = {4: "iptables", 6: "ip6tables"}
 # Smallest tagged IP packet worth a queue round trip: 20 (IP) + up to 60 (TCP) + 20 bytes of
 # payload; below that the 11-byte shim header and tag words leave nothing to gain.
 MIN_QUEUED_LENGTH = 100
+# The same for IPv6: ip6tables' `-m length` counts the 40-byte header too (xt_length:
+# payload_len + sizeof(struct ipv6hdr)), so 40 + 60 + 20.
+MIN_QUEUED_LENGTH6 = 120
+IPV6_HDR_LEN, IPPROTO_TCP = 40, 6
 
 
 def _cbpf(*insns: tuple[int, int, int, int]) -> str:
@@ -75,7 +88,7 @@ def _cbpf(*insns: tuple[int, int, int, int]) -> str:
 # Classic BPF opcodes (linux/filter.h); xt_bpf runs the program on the IP packet.
 _LDX_IPHDR, _LDB_X, _LD_LEN, _TXA, _TAX = 0xB1, 0x50, 0x80, 0x87, 0x07
 _ADD_K, _ADD_X, _RSH_K, _AND_K, _JGE_X, _JGT_X, _JSET_K, _RET_K = 0x04, 0x0C, 0x74, 0x54, 0x3D, 0x2D, 0x45, 0x06
-_SUB_K, _LDH_X, _JEQ_K = 0x14, 0x48, 0x15
+_SUB_K, _LDH_X, _JEQ_K, _LDX_IMM = 0x14, 0x48, 0x15, 0x01
 # Matches a TCP packet that could be a compressed segment: not a SYN, and a payload after the
 # headers (compressed segments always carry one, an 11-byte shim header at least), so SYNs and
 # pure ACKs of hosts that happen to use the compressed DSCP are never queued or dropped. A
@@ -110,25 +123,72 @@ SHIM_START, SHIM_START_MASK, SHIM_LEN = 0x4920, 0xFFF0, 11
 # with SHIM_START: what a compressed packet looks like after a router rewrote its DSCP. Only a
 # candidate: nicd tells by its TCP checksum (wrong by exactly NICD_CSUM_MARK) and lets every
 # other packet through untouched.
+# After the header lengths are in A: does a shim header's worth of payload start with SHIM_START?
+_SHIM_AT_PAYLOAD = (
+    (_ADD_K, 0, 0, SHIM_LEN),  # +0
+    (_TAX, 0, 0, 0),         # +1  X = payload offset + a shim header
+    (_LD_LEN, 0, 0, 0),      # +2
+    (_JGE_X, 0, 7, 0),       # +3  room for a shim header? -> +4, else +11
+    (_TXA, 0, 0, 0),         # +4
+    (_SUB_K, 0, 0, SHIM_LEN),  # +5
+    (_TAX, 0, 0, 0),         # +6  X = payload offset
+    (_LDH_X, 0, 0, 0),       # +7  A = the payload's first two bytes
+    (_AND_K, 0, 0, SHIM_START_MASK),  # +8 any codec
+    (_JEQ_K, 0, 1, SHIM_START),  # +9 -> +10, else +11
+    (_RET_K, 0, 0, 1),       # +10 looks compressed: match
+    (_RET_K, 0, 0, 0),       # +11 no match
+)
 LOOKS_COMPRESSED = _cbpf(
     (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
     (_LDB_X, 0, 0, 13),      # 1  A = TCP flags
     (_JSET_K, 0, 1, 0x02),   # 2  SYN? -> 3, else 4
     (_RET_K, 0, 0, 0),       # 3  a SYN: no match
     *_HEADERS_LEN,           # 4-7 A = IP + TCP header length
-    (_ADD_K, 0, 0, SHIM_LEN),  # 8
-    (_TAX, 0, 0, 0),         # 9  X = payload offset + a shim header
-    (_LD_LEN, 0, 0, 0),      # 10
-    (_JGE_X, 0, 7, 0),       # 11 room for a shim header? -> 12, else 19
-    (_TXA, 0, 0, 0),         # 12
-    (_SUB_K, 0, 0, SHIM_LEN),  # 13
-    (_TAX, 0, 0, 0),         # 14 X = payload offset
-    (_LDH_X, 0, 0, 0),       # 15 A = the payload's first two bytes
-    (_AND_K, 0, 0, SHIM_START_MASK),  # 16 any codec
-    (_JEQ_K, 0, 1, SHIM_START),  # 17 -> 18, else 19
-    (_RET_K, 0, 0, 1),       # 18 looks compressed: match
-    (_RET_K, 0, 0, 0),       # 19 no match
+    *_SHIM_AT_PAYLOAD,       # 8-19
 )
+
+# The IPv6 versions read a fixed 40-byte header. Only a TCP header right after it (next header
+# at byte 6 is TCP) is parsed: nicd refuses compressed packets behind extension headers. So
+# MAY_BE_COMPRESSED6 matches any other packet (the rule's `-p tcp` already found TCP behind
+# the extension headers, and a compressed-marked one must be refused, queued or dropped: fail
+# closed), while LOOKS_COMPRESSED6, which only looks for rewritten marks, never matches one.
+_LDB_ABS = 0x30
+
+
+def _tcp6_not_syn(other: int) -> tuple:
+    """Instructions 0-13 of an IPv6 program: return ``other`` for a packet without a whole TCP
+    header right after the IPv6 header, 0 for a SYN, else go on with A = 40 + TCP header length."""
+    return (
+        (_LDB_ABS, 0, 0, 6),     # 0  A = next header
+        (_JEQ_K, 1, 0, IPPROTO_TCP),  # 1  TCP right after the header? -> 3
+        (_RET_K, 0, 0, other),   # 2  extension headers
+        (_LDX_IMM, 0, 0, IPV6_HDR_LEN + 20),  # 3  X = IPv6 + the smallest TCP header
+        (_LD_LEN, 0, 0, 0),      # 4  A = packet length
+        (_JGE_X, 1, 0, 0),       # 5  room for a TCP header? -> 7
+        (_RET_K, 0, 0, other),   # 6  no: malformed
+        (_LDB_ABS, 0, 0, IPV6_HDR_LEN + 13),  # 7  A = TCP flags
+        (_JSET_K, 0, 1, 0x02),   # 8  SYN? -> 9, else 10
+        (_RET_K, 0, 0, 0),       # 9  a SYN: no match
+        (_LDB_ABS, 0, 0, IPV6_HDR_LEN + 12), (_RSH_K, 0, 0, 2), (_AND_K, 0, 0, 0x3C),
+        (_ADD_K, 0, 0, IPV6_HDR_LEN),  # 10-13 A = IPv6 + TCP header length
+    )
+
+
+MAY_BE_COMPRESSED6 = _cbpf(
+    *_tcp6_not_syn(1),       # 0-13 extension headers or malformed: match (nicd refuses, counts)
+    (_TAX, 0, 0, 0),         # 14
+    (_LD_LEN, 0, 0, 0),      # 15
+    (_JGT_X, 0, 1, 0),       # 16 anything after the headers? -> 17, else 18
+    (_RET_K, 0, 0, 1),       # 17 a payload: match
+    (_RET_K, 0, 0, 0),       # 18 a pure ACK: no match
+)
+LOOKS_COMPRESSED6 = _cbpf(
+    *_tcp6_not_syn(0),       # 0-13
+    *_SHIM_AT_PAYLOAD,       # 14-25
+)
+# Per family: (smallest queued packet, MAY_BE_COMPRESSED, LOOKS_COMPRESSED)
+_FAMILY_MATCH = {4: (MIN_QUEUED_LENGTH, MAY_BE_COMPRESSED, LOOKS_COMPRESSED),
+                 6: (MIN_QUEUED_LENGTH6, MAY_BE_COMPRESSED6, LOOKS_COMPRESSED6)}
 QUEUE_PROC = Path("/proc/self/net/netfilter/nfnetlink_queue")  # this network namespace's
 log = logging.getLogger("inceptionn.nicd")
 
@@ -137,23 +197,44 @@ def instance_comment(cfg: NicdConfig) -> str:
     return f"{COMMENT}-{cfg.queue_base}"
 
 
-def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    exe = shutil.which("iptables")
+def _iptables(*args: str, check: bool = True, family: int = 4) -> subprocess.CompletedProcess:
+    tool = _TOOL[family]
+    exe = shutil.which(tool)
     if exe is None:
-        raise UserError("iptables is not installed (apt-get install iptables)")
+        raise UserError(f"{tool} is not installed (apt-get install iptables)")
     # A session (process group) of its own: a terminal's Ctrl-C (or `timeout`) signals the whole foreground
     # group, and an iptables killed while it lists the rules of a stopping daemon once read as
     # "no rules", leaving rules behind. The daemon's own handler decides what a signal means.
     r = subprocess.run([exe, "-w", "5", *args], capture_output=True, text=True, start_new_session=True)
     if check and r.returncode != 0:
-        raise UserError(f"iptables {' '.join(args)}: {_failure(r)}")
+        raise UserError(f"{tool} {' '.join(args)}: {_failure(r)}")
     return r
 
 
 def _failure(r: subprocess.CompletedProcess) -> str:
+    """What went wrong, in one line (iptables adds a "Try `iptables -h'" line to usage errors)."""
     if r.returncode < 0:
         return f"killed by {signal.Signals(-r.returncode).name}"
-    return r.stderr.strip() or f"failed (exit {r.returncode})"
+    lines = [line.strip() for line in r.stderr.splitlines() if line.strip() and not line.startswith("Try `")]
+    return "; ".join(lines) or f"failed (exit {r.returncode})"
+
+
+def ipv6_missing() -> str | None:
+    """Why this network namespace gets no IPv6 rules, None when it does: ip6tables missing, a
+    kernel without IPv6, or an ip6tables that cannot read its tables (while iptables can)."""
+    if shutil.which(_TOOL[6]) is None:
+        return "ip6tables is not installed"
+    if not Path("/proc/self/net/if_inet6").exists():  # /proc/self/net: visible under ProcSubset=pid
+        return "the kernel has no IPv6 (ipv6.disable=1?)"
+    r = _iptables("-t", "raw", "-S", "PREROUTING", check=False, family=6)
+    if r.returncode > 0 and "denied" not in r.stderr and "must be root" not in r.stderr:
+        return f"ip6tables cannot read its raw table: {_failure(r)}"
+    return None
+
+
+def families() -> tuple[int, ...]:
+    """The address families whose rules exist here: IPv4 always, IPv6 unless ipv6_missing() names a reason."""
+    return FAMILIES if ipv6_missing() is None else (4,)
 
 
 def _queue_target(queues: range, bypass: bool) -> list[str]:
@@ -169,16 +250,17 @@ def _dscp(tos: int) -> list[str]:
     return ["-m", "dscp", "--dscp", str(tos >> 2)]
 
 
-def _compressed(cfg: NicdConfig, ifname: str) -> list[str]:
+def _compressed(cfg: NicdConfig, ifname: str, family: int) -> list[str]:
     """Ingress match of a compressed segment: what the queue takes and the drop refuses."""
     return (["PREROUTING", "-i", ifname, "-p", "tcp"] + _dscp(cfg.tos_compressed)
-            + ["-m", "bpf", "--bytecode", MAY_BE_COMPRESSED])
+            + ["-m", "bpf", "--bytecode", _FAMILY_MATCH[family][1]])
 
 
-def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
-    """This instance's queue rules as (table, iptables arguments from the chain name on), in
-    order within each chain."""
+def rule_specs(cfg: NicdConfig, family: int = 4) -> list[tuple[str, list[str]]]:
+    """This instance's queue rules of one address family as (table, iptables/ip6tables
+    arguments from the chain name on), in order within each chain."""
     tag = ["-m", "comment", "--comment", instance_comment(cfg)]
+    min_length, _, looks_compressed = _FAMILY_MATCH[family]
     specs = []
     for ifname in cfg.interfaces:
         out = ["POSTROUTING", "-o", ifname, "-p", "tcp"]
@@ -190,57 +272,73 @@ def rule_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
             continue
         specs += [("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(m) + tag
                    + _queue_target(cfg.egress_queues, True)) for m in marks]
-        specs += [("mangle", out + ["-m", "length", "--length", f"{MIN_QUEUED_LENGTH}:65535"] + _dscp(m) + tag
+        specs += [("mangle", out + ["-m", "length", "--length", f"{min_length}:65535"] + _dscp(m) + tag
                    + _queue_target(cfg.egress_queues, True)) for m in marks]
         specs += [
             ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),
-            ("raw", _compressed(cfg, ifname) + tag + _queue_target(cfg.ingress_queues, False)),
+            ("raw", _compressed(cfg, ifname, family) + tag + _queue_target(cfg.ingress_queues, False)),
             ("raw", inn + ["-m", "dscp", "!", "--dscp", str(cfg.tos_compressed >> 2), "-m", "bpf", "--bytecode",
-                           LOOKS_COMPRESSED] + tag + _queue_target(cfg.ingress_queues, True)),
+                           looks_compressed] + tag + _queue_target(cfg.ingress_queues, True)),
             ("mangle", inn + ["--tcp-flags", "SYN", "SYN"] + _dscp(cfg.tos_hello) + tag
              + _queue_target(cfg.ingress_queues, True)),
         ]
     return specs
 
 
-def failclosed_specs(cfg: NicdConfig) -> list[tuple[str, list[str]]]:
-    """The persistent drops of compressed segments, one per interface."""
+def failclosed_specs(cfg: NicdConfig, family: int = 4) -> list[tuple[str, list[str]]]:
+    """The persistent drops of compressed segments of one address family, one per interface."""
     tag = ["-m", "comment", "--comment", FAILCLOSED_COMMENT]
-    return [("raw", _compressed(cfg, ifname) + tag + ["-j", "DROP"]) for ifname in cfg.interfaces]
+    return [("raw", _compressed(cfg, ifname, family) + tag + ["-j", "DROP"]) for ifname in cfg.interfaces]
 
 
 def install(cfg: NicdConfig) -> None:
     """Insert this instance's rules at the top of their chains (after removing its stale ones),
-    then make sure the persistent drops sit below them."""
+    then make sure the persistent drops sit below them; in both address families, or in IPv4
+    alone (said in one line) where IPv6 is missing."""
     removed = remove_instance(cfg.queue_base)
-    if removed:
-        log.warning("removed %d stale nicd rule(s) of queue base %d left by an earlier run", removed, cfg.queue_base)
-    specs = rule_specs(cfg)
-    placed: dict[tuple[str, str], int] = {}  # (table, chain) -> the position of our next rule
+    if sum(removed.values()):
+        log.warning("removed %s stale nicd rule(s) of queue base %d left by an earlier run",
+                    describe(removed), cfg.queue_base)
+    if (missing := ipv6_missing()) is not None:
+        log.warning("IPv6 is not covered: %s; only IPv4 packets are compressed and restored", missing)
+    fams = FAMILIES if missing is None else (4,)
+    n = 0
     try:
-        for table, (chain, *rest) in specs:
-            if (table, chain) not in placed:
-                placed[table, chain] = _top(table, chain)
-            # -I at increasing positions: at the top of the chain, in our order.
-            _iptables("-t", table, "-I", chain, str(placed[table, chain]), *rest)
-            placed[table, chain] += 1
-        for table, (chain, *rest) in failclosed_specs(cfg):
-            # A drop kept from an earlier run already sits below the rules just inserted above it.
-            if _iptables("-t", table, "-C", chain, *rest, check=False).returncode != 0:
-                _iptables("-t", table, "-I", chain, str(placed.get((table, chain)) or _top(table, chain)), *rest)
-                log.info("installed the fail-closed drop of compressed packets on %s", rest[1])
+        for family in fams:
+            specs = rule_specs(cfg, family)
+            placed: dict[tuple[str, str], int] = {}  # (table, chain) -> the position of our next rule
+            for table, (chain, *rest) in specs:
+                if (table, chain) not in placed:
+                    placed[table, chain] = _top(table, chain, family)
+                # -I at increasing positions: at the top of the chain, in our order.
+                _iptables("-t", table, "-I", chain, str(placed[table, chain]), *rest, family=family)
+                placed[table, chain] += 1
+            n += len(specs)
+            for table, (chain, *rest) in failclosed_specs(cfg, family):
+                # A drop kept from an earlier run already sits below the rules just inserted above it.
+                if _iptables("-t", table, "-C", chain, *rest, check=False, family=family).returncode != 0:
+                    _iptables("-t", table, "-I", chain, str(placed.get((table, chain)) or _top(table, chain, family)),
+                              *rest, family=family)
+                    log.info("installed the fail-closed drop of compressed IPv%d packets on %s", family, rest[1])
     except UserError:
         remove_instance(cfg.queue_base)
         raise
-    log.info("installed %d netfilter rules on %s", len(specs), ", ".join(cfg.interfaces))
+    log.info("installed %d netfilter rules (%s) on %s", n, " and ".join(f"IPv{f}" for f in fams),
+             ", ".join(cfg.interfaces))
 
 
-def _top(table: str, chain: str) -> int:
+def describe(removed: dict[int, int]) -> str:
+    """How many rules a remove_* call deleted, per family: "6 rule(s) (IPv4), 6 (IPv6)"."""
+    text = f"{removed.get(4, 0)} rule(s) (IPv4)"
+    return text + (f", {removed[6]} (IPv6)" if 6 in removed else "")
+
+
+def _top(table: str, chain: str, family: int = 4) -> int:
     """Where our rules go in a chain: ahead of every rule that could accept, divert or rewrite
     a packet (or a compressed one could reach the stack unrestored, or lose its mark), behind
     leading rules that only count or drop it (a wire counter, loss emulation, docker's raw
     drops), so those keep seeing packets as they cross the wire."""
-    r = _iptables("-t", table, "-S", chain, check=False)
+    r = _iptables("-t", table, "-S", chain, check=False, family=family)
     pos = 1
     for line in r.stdout.splitlines() if r.returncode == 0 else []:
         if not line.startswith("-A "):
@@ -270,6 +368,7 @@ class Rule:
     table: str
     args: list[str]  # as iptables -S prints it: "-A", chain, matches..., target
     comment: str
+    family: int = 4  # 6: an ip6tables rule
 
     @property
     def queue_base(self) -> int | None:
@@ -305,33 +404,33 @@ def check_access() -> None:
     _iptables("-t", "raw", "-S", "PREROUTING")
 
 
-def parse_listing(table: str, text: str) -> list[Rule]:
-    """Our rules in what `iptables -t TABLE -S` printed."""
+def parse_listing(table: str, text: str, family: int = 4) -> list[Rule]:
+    """Our rules in what `iptables -t TABLE -S` (family 6: ip6tables) printed."""
     found = []
     for line in text.splitlines():
         if not line.startswith("-A "):
             continue
         args = shlex.split(line)
         if (comment := _comment(args)) is not None:
-            found.append(Rule(table, args, comment))
+            found.append(Rule(table, args, comment, family))
     return found
 
 
 def list_ours() -> list[Rule]:
-    """Every rule nicd put in this network namespace: all instances, and the drops. A listing
-    that fails is an error, never "no rules" (that once made a stop leave rules and say done)."""
+    """Every rule nicd put in this network namespace, both families: all instances, and the
+    drops. A listing that fails is an error, never "no rules" (that once made a stop leave rules
+    and say done); only a family this namespace cannot have (families()) is not listed."""
     found = []
-    for table in TABLES:
-        found += parse_listing(table, _iptables("-t", table, "-S").stdout)
+    for family in families():
+        for table in TABLES:
+            found += parse_listing(table, _iptables("-t", table, "-S", family=family).stdout, family)
     return found
 
 
-def _delete(rules: list[Rule]) -> int:
-    n = 0
+def _delete(rules: list[Rule], counts: dict[int, int]) -> None:
     for rule in rules:
-        if _iptables("-t", rule.table, "-D", *rule.args[1:], check=False).returncode == 0:
-            n += 1
-    return n
+        if _iptables("-t", rule.table, "-D", *rule.args[1:], check=False, family=rule.family).returncode == 0:
+            counts[rule.family] += 1
 
 
 def bound_queues() -> set[int]:
@@ -351,11 +450,12 @@ def parse_bound(text: str) -> set[int]:
     return {int(words[0]) for words in map(str.split, text.splitlines()) if words and words[0].isdigit()}
 
 
-def _remove_until_gone(select, attempts: int = 3) -> int:
+def _remove_until_gone(select, attempts: int = 3) -> dict[int, int]:
     """Delete the rules ``select`` picks from list_ours() until a listing shows none left;
-    returns how many were deleted. Raises UserError if some stay (or no listing succeeds)
-    after ``attempts`` rounds: a failed -D or listing is retried, never taken for success."""
-    n, problem = 0, ""
+    returns how many were deleted per family ({4: n, 6: n}; no 6 where IPv6 is missing, see
+    describe()). Raises UserError if some stay (or no listing succeeds) after ``attempts``
+    rounds: a failed -D or listing is retried, never taken for success."""
+    n, problem = dict.fromkeys(families(), 0), ""
     for attempt in range(attempts):
         if attempt:
             time.sleep(0.2 * attempt)
@@ -366,17 +466,18 @@ def _remove_until_gone(select, attempts: int = 3) -> int:
             continue
         if not left:
             return n
-        n += _delete(left)
-        problem = f"{len(left)} rule(s) left: " + "; ".join(" ".join(r.args) for r in left)
+        _delete(left, n)
+        problem = f"{len(left)} rule(s) left: " + "; ".join(
+            ("ip6tables " if r.family == 6 else "") + " ".join(r.args) for r in left)
     raise UserError(f"could not remove every nicd rule ({problem})")
 
 
-def remove_instance(queue_base: int) -> int:
+def remove_instance(queue_base: int) -> dict[int, int]:
     """Delete one instance's queue rules (never the drops); returns how many."""
     return _remove_until_gone(lambda r: r.queue_base == queue_base)
 
 
-def remove_dead() -> int:
+def remove_dead() -> dict[int, int]:
     """Delete the queue rules of every instance whose queues nobody has bound (a stopped or
     crashed daemon), leaving running instances and the drops alone: what `--cleanup` does."""
     bound = bound_queues()
@@ -388,7 +489,7 @@ def running_instances() -> list[int]:
     return sorted({r.queue_base for r in list_ours() if r.queue_base is not None and r.queue_base in bound})
 
 
-def remove_everything() -> int:
+def remove_everything() -> dict[int, int]:
     """Delete every nicd rule of every instance and the fail-closed drops: `--uninstall`."""
     return _remove_until_gone(lambda r: True)
 
@@ -400,8 +501,9 @@ _SECTION = "@@inceptionn-rules@@"
 
 def probe_script() -> str:
     """A shell script printing what probe_status reads, in the namespace it runs in: our tables'
-    rules and the bound queues. Needs no Python there."""
-    parts = [f"echo {_SECTION} {t}; iptables -w 5 -t {t} -S 2>&1" for t in TABLES]
+    rules in both families (a missing ip6tables prints no rules) and the bound queues. Needs
+    no Python there."""
+    parts = [f"echo {_SECTION} {t} {f}; {_TOOL[f]} -w 5 -t {t} -S 2>&1" for f in FAMILIES for t in TABLES]
     parts.append(f"echo {_SECTION} queues; cat {QUEUE_PROC} 2>/dev/null")
     return "; ".join(parts)
 
@@ -435,11 +537,11 @@ def probe_status(output: str) -> ProbeStatus:
     """Read the output of probe_script."""
     rules, bound, denied = [], set(), False
     for section in output.split(_SECTION)[1:]:
-        name, _, body = section.partition("\n")
-        name = name.strip()
+        title, _, body = section.partition("\n")
+        name, _, family = title.strip().partition(" ")
         if name == "queues":
             bound = parse_bound(body)
-        elif name in TABLES:
+        elif name in TABLES and family in ("4", "6"):
             denied |= "Permission denied" in body or "you must be root" in body
-            rules += parse_listing(name, body)
+            rules += parse_listing(name, body, int(family))
     return ProbeStatus(denied, rules, bound)

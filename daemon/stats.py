@@ -179,7 +179,13 @@ def format_stats(s: dict) -> str:
         f"refused: {c['hello_without_option']} without option, {c['hello_mismatch']} other settings, "
         f"{c['hello_unmatched']} unmatched, {c['hello_no_room']} no option room; "
         f"{c['hello_evicted']} half-open evicted",
+        # what routers and middleboxes did to negotiated flows (docs/wire-format.md, routed networks)
+        f"network: {c['ingress_marks_rewritten']} compressed packets arrived with a rewritten mark "
+        f"({c['flows_marks_rewritten']} flows); {c['flows_fell_back']} flows fell back to raw "
+        f"({c['egress_raw_fell_back']} packets sent raw since); {c['confirm_failed']} answered hellos "
+        f"never confirmed; {c['flow_table_full']} flows left raw, table full",
         "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
+        + (f"; {c['verdict_errors']} verdicts refused" if c["verdict_errors"] else "")
         + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),
     ]
     if s["config"].get("gso"):

@@ -163,6 +163,9 @@ def _add_testbed_actions(p) -> None:
                     help=f"IPv4 prefix inside 198.18.0.0/15 (default {tb_mod.DEFAULT_PREFIX})")
     up.add_argument("--name", default=tb_mod.DEFAULT_NAME,
                     help=f"testbed name, part of every namespace name (default {tb_mod.DEFAULT_NAME})")
+    up.add_argument("--ipv6", action="store_true",
+                    help="also give every host an IPv6 address on 2001:2::/64 (RFC 5180 benchmarking prefix; "
+                         "off by default: MPI would use every address a host has)")
     up.add_argument("--json", action="store_true", help="print the hosts as JSON")
     up.set_defaults(func=cmd_testbed_up)
 
@@ -199,7 +202,7 @@ def cmd_testbed_up(args) -> int:
 
     bed = tb_mod.Testbed(hosts=_int(args.hosts, "--hosts"), rate=_parsed(parse_rate, args.rate),
                          mtu=_int(args.mtu, "--mtu"), prefix=args.prefix,
-                         name=args.name, progress=_progress)
+                         name=args.name, progress=_progress, ipv6=args.ipv6)
     _warn(link_mod.bytes_rate_warning("--rate", args.rate))  # after the checks: an error stays one line
     bed.up()
     if args.json:
@@ -271,4 +274,5 @@ def _print_testbed(bed) -> None:
     print(f"  {'host':<6} {'netns':<18} {'iface':<6} {'address':<16} {'mtu':>6}  rate")
     for h in bed.hosts:
         d = h.to_dict()
-        print(f"  {h.name:<6} {h.netns:<18} {h.ifname:<6} {str(h.ip):<16} {str(h.mtu):>6}  {d['rate'] or 'unlimited'}")
+        print(f"  {h.name:<6} {h.netns:<18} {h.ifname:<6} {str(h.ip):<16} {str(h.mtu):>6}  {d['rate'] or 'unlimited'}"
+              + (f"  {h.ip6}" if h.ip6 else ""))

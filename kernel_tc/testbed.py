@@ -17,6 +17,11 @@ crashed run, and ``attach``/``status`` read the topology back from the kernel.
         h1, h2 = tb.hosts[0], tb.hosts[1]
         server = h2.popen(["iperf3", "-s", "-1"])
         h1.run(["ping", "-c1", h2.ip], check=True)
+
+With ``ipv6=True`` every host also gets an address on 2001:2::/64 (``Host.ip6``, e.g.
+2001:2::1 for h1; RFC 5180's benchmarking prefix 2001:2::/48, the IPv6 twin of 198.18.0.0/15),
+without duplicate address detection or router solicitations, so it is usable at once. Off by
+default: programs that pick any address of a host (OpenMPI) would start using IPv6 too.
 """
 from __future__ import annotations
 
@@ -38,6 +43,14 @@ DEFAULT_NAME = "tb"
 DEFAULT_PREFIX = "198.18.0.0/24"
 # RFC 2544 benchmarking range: testbed traffic can never reach a real network by accident.
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
+# RFC 5180 benchmarking prefix: the same for IPv6. The flat testbed uses its first /64, the
+# routed one a /64 per host.
+BENCHMARK_NET6 = ipaddress.ip_network("2001:2::/48")
+DEFAULT_PREFIX6 = ipaddress.ip_network("2001:2::/64")
+# Test addresses are usable at once (no DAD wait) and hosts send no router solicitations.
+_IPV6_SYSCTLS = [f"net.ipv6.conf.{dev}.{key}={value}" for dev in ("all", "default")
+                 for key, value in (("accept_dad", 0), ("router_solicitations", 0))]
+IFA_F_NODAD = 0x02  # linux/if_addr.h
 HOST_IFNAME = "eth0"
 BRIDGE = "br0"
 
@@ -75,6 +88,7 @@ class Host:
     mtu: int
     rate_bps: int | None  # shaping of this host's link (both directions), None if unshaped
     switch_port: str   # the link's other end, inside the switch namespace
+    ip6: str | None = None  # its IPv6 address (prefix length 64) on a testbed built with ipv6=True
 
     def command(self, argv: Sequence[str], *, hostname: str | None = None) -> list[str]:
         """argv that runs ``argv`` inside this host (see netns.command for ``hostname``)."""
@@ -97,6 +111,7 @@ class Host:
             "rate": format_rate(self.rate_bps) if self.rate_bps else None,
             "rate_bps": self.rate_bps,
             "switch_port": self.switch_port,
+            **({"address6": self.ip6} if self.ip6 else {}),  # only on an ipv6=True testbed
         }
 
 
@@ -109,8 +124,9 @@ class Testbed:
 
     def __init__(self, hosts: int = 2, rate: str | int | None = None, mtu: int = 1500,
                  prefix: str = DEFAULT_PREFIX, name: str = DEFAULT_NAME,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, ipv6: bool = False):
         self.name = check_name(name)
+        self.ipv6 = bool(ipv6)
         self.n_hosts = int(hosts)
         if self.n_hosts < 1:
             raise UserError(f"--hosts must be at least 1, not {self.n_hosts}")
@@ -165,8 +181,7 @@ class Testbed:
 
     def _build(self) -> None:
         self.progress(f"testbed {self.name}: creating switch {self.switch}")
-        ns.create(self.switch)
-        self._created.append(self.switch)
+        self._create_ns(self.switch)
         with ns.ipr(self.switch) as sw:
             sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
             sw.link("add", ifname=BRIDGE, kind="bridge")
@@ -176,12 +191,18 @@ class Testbed:
                 self.hosts.append(self._add_host(sw, bridge, i))
             sw.link("set", index=bridge, mtu=self.mtu, state="up")
 
+    def _create_ns(self, netns_name: str) -> None:
+        ns.create(netns_name)
+        self._created.append(netns_name)
+        if self.ipv6:  # before its links exist: "default" is what they start with
+            ns.run(netns_name, ["sysctl", "-q", "-w", *_IPV6_SYSCTLS], check=True)
+
     def _add_host(self, sw, bridge: int, i: int) -> Host:
         host_ns = host_netns(self.name, i)
         port = f"h{i}"
         ip = str(self.network.network_address + i)
-        ns.create(host_ns)
-        self._created.append(host_ns)
+        ip6 = str(DEFAULT_PREFIX6.network_address + i) if self.ipv6 else None
+        self._create_ns(host_ns)
         # created inside the switch namespace with the peer born in the host: nothing ever
         # appears in the root namespace, even for a moment
         sw.link("add", ifname=port, kind="veth", peer={"ifname": HOST_IFNAME, "net_ns_fd": host_ns})
@@ -192,12 +213,14 @@ class Testbed:
             eth = h.link_lookup(ifname=HOST_IFNAME)[0]
             h.link("set", index=eth, mtu=self.mtu, state="up")
             h.addr("add", index=eth, address=ip, prefixlen=self.network.prefixlen)
+            if ip6:
+                h.addr("add", index=eth, address=ip6, prefixlen=64, flags=IFA_F_NODAD)
         if self.rate_bps:
             link.shape(HOST_IFNAME, netns=host_ns, rate=self.rate_bps)
             link.shape(port, netns=self.switch, rate=self.rate_bps)
         return Host(name=f"h{i}", netns=host_ns, ifname=HOST_IFNAME, ip=ip,
                     prefixlen=self.network.prefixlen, mtu=self.mtu, rate_bps=self.rate_bps,
-                    switch_port=port)
+                    switch_port=port, ip6=ip6)
 
     # --- lookup --------------------------------------------------------------------------------
 
@@ -217,6 +240,7 @@ class Testbed:
             raise UserError(f"no testbed {name!r} is up (start one with `inceptionn testbed up`)")
         tb = cls.__new__(cls)
         tb.name, tb.switch, tb.progress, tb.hosts = name, switch_netns(name), (lambda m: None), []
+        tb.router = None
         for netns_name in names:
             role = netns_name[len(_prefix(name)):]
             if _HOST_NS_RE.fullmatch(role):
@@ -226,6 +250,7 @@ class Testbed:
         tb.rate_bps = tb.hosts[0].rate_bps if tb.hosts else None
         first = tb.hosts[0] if tb.hosts else None
         tb.network = ipaddress.ip_network(f"{first.ip}/{first.prefixlen}", strict=False) if first and first.ip else None
+        tb.ipv6 = any(h.ip6 for h in tb.hosts)
         return tb
 
     def to_dict(self) -> dict:
@@ -238,16 +263,19 @@ class Testbed:
 
 
 def _read_host(netns_name: str, role: str) -> Host:
-    ip, prefixlen, mtu = None, None, None
+    ip, prefixlen, mtu, ip6 = None, None, None, None
     with ns.ipr(netns_name) as h:
         found = h.link_lookup(ifname=HOST_IFNAME)
         if found:
             mtu = h.get_links(found[0])[0].get_attr("IFLA_MTU")
             for addr in h.get_addr(index=found[0], family=2):
                 ip, prefixlen = addr.get_attr("IFA_ADDRESS"), addr["prefixlen"]
+            for addr in h.get_addr(index=found[0], family=10):  # the testbed's, not the link-local one
+                if ipaddress.ip_address(addr.get_attr("IFA_ADDRESS")) in BENCHMARK_NET6:
+                    ip6 = addr.get_attr("IFA_ADDRESS")
     rate = link.show(HOST_IFNAME, netns=netns_name).rate_bps if found else None
     return Host(name=role, netns=netns_name, ifname=HOST_IFNAME, ip=ip, prefixlen=prefixlen,
-                mtu=mtu, rate_bps=rate, switch_port=role)
+                mtu=mtu, rate_bps=rate, switch_port=role, ip6=ip6)
 
 
 def _check_prefix(prefix: str, hosts: int) -> ipaddress.IPv4Network:
@@ -306,11 +334,16 @@ class RoutedTestbed(Testbed):
     For what a network between the hosts does to packets (DSCP rewriting, firewalls, NAT, a
     smaller MTU): rules go on ``tb.router`` (a Host whose ``run``/``popen`` act in the router
     namespace; its ``ifname`` is the port toward h1). Each host routes 198.18.0.0/15 through the
-    router and nothing else; links are shaped as in Testbed. ``down`` (by prefix) removes it."""
+    router and nothing else; links are shaped as in Testbed. ``down`` (by prefix) removes it.
+
+    With ``ipv6=True`` host hN is also 2001:2:0:N::2/64 (``Host.ip6``) behind the router's
+    2001:2:0:N::1 (``tb.router.ip6`` is the one toward h1), routes 2001:2::/48 through it, and
+    the router forwards IPv6 too."""
 
     def __init__(self, hosts: int = 2, rate: str | int | None = None, mtu: int = 1500,
-                 name: str = DEFAULT_NAME, progress: Callable[[str], None] | None = None):
-        super().__init__(hosts=hosts, rate=rate, mtu=mtu, prefix="198.18.0.0/16", name=name, progress=progress)
+                 name: str = DEFAULT_NAME, progress: Callable[[str], None] | None = None, ipv6: bool = False):
+        super().__init__(hosts=hosts, rate=rate, mtu=mtu, prefix="198.18.0.0/16", name=name, progress=progress,
+                         ipv6=ipv6)
         if self.n_hosts > 250:
             raise UserError(f"a routed testbed has room for 250 hosts, not {self.n_hosts}")
         self.switch = router_netns(self.name)
@@ -318,34 +351,46 @@ class RoutedTestbed(Testbed):
 
     def _build(self) -> None:
         self.progress(f"testbed {self.name}: creating router {self.switch}")
-        ns.create(self.switch)
-        self._created.append(self.switch)
-        ns.run(self.switch, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"], check=True)
+        self._create_ns(self.switch)
+        ns.run(self.switch, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]
+               + (["net.ipv6.conf.all.forwarding=1"] if self.ipv6 else []), check=True)
         with ns.ipr(self.switch) as r:
             r.link("set", index=r.link_lookup(ifname="lo")[0], state="up")
             for i in range(1, self.n_hosts + 1):
                 self.progress(f"testbed {self.name}: host h{i}/{self.n_hosts}")
                 self.hosts.append(self._add_routed_host(r, i))
         self.router = Host(name=ROUTER_ROLE, netns=self.switch, ifname="h1", ip="198.18.1.1", prefixlen=24,
-                           mtu=self.mtu, rate_bps=self.rate_bps, switch_port="h1")
+                           mtu=self.mtu, rate_bps=self.rate_bps, switch_port="h1",
+                           ip6=str(_routed_net6(1).network_address + 1) if self.ipv6 else None)
 
     def _add_routed_host(self, r, i: int) -> Host:
         host_ns = host_netns(self.name, i)
         port, gateway, ip = f"h{i}", f"198.18.{i}.1", f"198.18.{i}.2"
-        ns.create(host_ns)
-        self._created.append(host_ns)
+        net6 = _routed_net6(i)
+        gateway6, ip6 = (str(net6.network_address + 1), str(net6.network_address + 2)) if self.ipv6 else (None, None)
+        self._create_ns(host_ns)
         r.link("add", ifname=port, kind="veth", peer={"ifname": HOST_IFNAME, "net_ns_fd": host_ns})
         port_index = r.link_lookup(ifname=port)[0]
         r.link("set", index=port_index, mtu=self.mtu, state="up")
         r.addr("add", index=port_index, address=gateway, prefixlen=24)
+        if gateway6:
+            r.addr("add", index=port_index, address=gateway6, prefixlen=64, flags=IFA_F_NODAD)
         with ns.ipr(host_ns) as h:
             h.link("set", index=h.link_lookup(ifname="lo")[0], state="up")
             eth = h.link_lookup(ifname=HOST_IFNAME)[0]
             h.link("set", index=eth, mtu=self.mtu, state="up")
             h.addr("add", index=eth, address=ip, prefixlen=24)
             h.route("add", dst=str(BENCHMARK_NET), gateway=gateway)
+            if ip6:
+                h.addr("add", index=eth, address=ip6, prefixlen=64, flags=IFA_F_NODAD)
+                h.route("add", dst=str(BENCHMARK_NET6), gateway=gateway6, family=10)
         if self.rate_bps:
             link.shape(HOST_IFNAME, netns=host_ns, rate=self.rate_bps)
             link.shape(port, netns=self.switch, rate=self.rate_bps)
         return Host(name=f"h{i}", netns=host_ns, ifname=HOST_IFNAME, ip=ip, prefixlen=24, mtu=self.mtu,
-                    rate_bps=self.rate_bps, switch_port=port)
+                    rate_bps=self.rate_bps, switch_port=port, ip6=ip6)
+
+
+def _routed_net6(i: int) -> ipaddress.IPv6Network:
+    """Host hN's /64 in a routed testbed: 2001:2:0:N::/64."""
+    return ipaddress.ip_network(f"2001:2:0:{i:x}::/64")

@@ -14,7 +14,7 @@ from netns_helpers import SESSION_TAG, snapshot
 
 @pytest.fixture
 def no_leaks():
-    """Assert the test left no namespace, root link, root qdisc or iptables rule behind."""
+    """Assert the test left no namespace, root link, root qdisc or iptables/ip6tables rule behind."""
     before = snapshot()
     yield
     after = snapshot()
@@ -23,7 +23,7 @@ def no_leaks():
     assert not new, f"namespaces left behind: {new}"
     assert after["root_links"] == before["root_links"], "links appeared/vanished in the root namespace"
     assert after["root_qdiscs"] == before["root_qdiscs"], "root namespace qdiscs changed"
-    assert after["root_rules"] == before["root_rules"], "iptables rules changed in the root namespace"
+    assert after["root_rules"] == before["root_rules"], "iptables/ip6tables rules changed in the root namespace"
 
 
 _names = itertools.count(1)

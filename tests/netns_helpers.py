@@ -39,8 +39,13 @@ def _root_qdiscs() -> set[tuple]:
 
 
 def _root_inceptionn_rules() -> list[str]:
-    out = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "inceptionn" in line]
+    """Our rules in the root namespace, both families (ip6tables' prefixed with "ip6 ")."""
+    found = []
+    for tool, tag in (("iptables-save", ""), ("ip6tables-save", "ip6 ")):
+        if shutil.which(tool):
+            out = subprocess.run([tool], capture_output=True, text=True).stdout
+            found += [tag + line for line in out.splitlines() if "inceptionn" in line]
+    return found
 
 
 def _another_live_run(name: str) -> bool:
@@ -60,7 +65,7 @@ def snapshot() -> dict:
         "all_netns": [n for n in ns.list_netns("inc-") if not _another_live_run(n)],
         "root_links": _root_links(),
         "root_qdiscs": _root_qdiscs(),
-        "root_rules": _root_inceptionn_rules(),
+        "root_rules": _root_inceptionn_rules(),  # iptables and ip6tables
     }
 
 

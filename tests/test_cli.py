@@ -249,6 +249,21 @@ def test_stats_watch_until_ctrl_c(tb_name, tmp_path):
         assert line.startswith("queue 7100/7101: egress 0 packets (0 compressed), ingress ")
 
 
+def test_stats_text_shows_every_counter():
+    """The text view leaves no counter out: each one, given a value no other has, appears in it
+    (the tiers as their shares)."""
+    from inceptionn.daemon.datapath import COUNTERS
+    from inceptionn.daemon.stats import format_stats
+
+    values = {name: 1_000_003 + 7_919 * i for i, name in enumerate(COUNTERS)}
+    snap = {"pid": 1, "uptime_s": 2.0, "flows_active": 3, "flows_expired": 4, "counters": values,
+            "config": {"interfaces": ["eth0"], "codec": "inceptionn", "error_bound": 10, "queues": 1, "gso": True},
+            "queues": []}
+    words = set(format_stats(snap).replace("(", " ").replace(")", " ").replace(",", " ").replace(";", " ").split())
+    missing = [n for n, v in values.items() if str(v) not in words and not n.startswith("tier")]
+    assert not missing, f"counters the text view leaves out: {missing}"
+
+
 # --- link: the root namespace and tc's bytes units -------------------------------------------------
 
 def _qdiscs(dev: str) -> str:

@@ -240,6 +240,18 @@ def test_cli_up_status_exec_down(tb_name, no_leaks):
         teardown(tb_name)
 
 
+def test_cli_up_ipv6(tb_name, no_leaks):
+    try:
+        up = run_cli("testbed", "up", "--hosts", "2", "--ipv6", "--name", tb_name, "--json")
+        assert up.returncode == 0, up.stderr
+        assert [h["address6"] for h in json.loads(up.stdout)["hosts"]] == ["2001:2::1", "2001:2::2"]
+        assert "2001:2::2" in run_cli("testbed", "status", "--name", tb_name).stdout
+        ping = run_cli("testbed", "exec", "--name", tb_name, "h1", "--", "ping", "-6", "-c1", "-W2", "2001:2::2")
+        assert ping.returncode == 0 and "1 received" in ping.stdout, ping.stdout + ping.stderr
+    finally:
+        teardown(tb_name)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--hosts", "0"], "at least 1"),
     (["--hosts", "two"], "whole number"),
