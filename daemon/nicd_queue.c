@@ -336,7 +336,7 @@ static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, const struct nicd_pkt
     socklen_t tolen;
     if (p->v6) {
         to.in6 = (struct sockaddr_in6){.sin6_family = AF_INET6, .sin6_port = htons(9),
-                                       .sin6_scope_id = IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)daddr) ? ifindex : 0};
+                                       .sin6_scope_id = daddr[0] == 0xFE && (daddr[1] & 0xC0) == 0x80 ? ifindex : 0}; /* fe80::/10 */
         memcpy(&to.in6.sin6_addr, daddr, 16);
         tolen = sizeof to.in6;
     } else {
