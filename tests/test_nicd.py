@@ -299,18 +299,19 @@ def test_tagged_stream_equals_reconstruction(tmp_path, small, k):
 
 # --- 2. untagged traffic untouched -------------------------------------------------------------
 
-def test_untagged_untouched(tmp_path, small):
+@pytest.mark.parametrize("family", [4, 6])
+def test_untagged_untouched(tmp_path, small, family):
     data = small.tobytes()
-    with make_testbed() as tb:
+    with make_testbed(ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
-        add_counting_rule(h2, "marked", "-p", "tcp", "-m", "dscp", "!", "--dscp", "0")
-        add_counting_rule(h2, "all", "-p", "tcp")
+        add_counting_rule(h2, "marked", "-p", "tcp", "-m", "dscp", "!", "--dscp", "0", family=family)
+        add_counting_rule(h2, "all", "-p", "tcp", family=family)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             before1, before2 = d1.counters(), d2.counters()
-            got = transfer(h1, h2, data, tmp_path, tos=0)
+            got = transfer(h1, h2, data, tmp_path, tos=0, family=family)
             after1, after2 = d1.counters(), d2.counters()
-        assert rule_counts(h2, "all")[1] >= len(data)  # (GRO merges segments: count bytes)
-        assert rule_counts(h2, "marked") == (0, 0)
+        assert rule_counts(h2, "all", family=family)[1] >= len(data)  # (GRO merges segments: count bytes)
+        assert rule_counts(h2, "marked", family=family) == (0, 0)
     assert got == data
     assert after1 == before1, "the sender's daemon saw untagged traffic"
     for key in ("ingress_packets", "ingress_restored", "hello_received", "flows_negotiated"):
@@ -343,8 +344,9 @@ def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
 
 # --- 4. segments not on float boundaries -------------------------------------------------------
 
+@pytest.mark.parametrize("family", [4, 6])
 @pytest.mark.parametrize("mss", [1001, 1403])
-def test_unaligned_segments_and_odd_tail(tmp_path, small, mss):
+def test_unaligned_segments_and_odd_tail(tmp_path, small, mss, family):
     """MSS not a multiple of 4 (payload mss - 12 with timestamps): segments start anywhere in a
     float. Whole aligned words are compressed; a float split over two segments travels raw in
     the head/tail bytes of both (docs/design.md rule 2), so it arrives as the original value. A stream
@@ -354,10 +356,10 @@ def test_unaligned_segments_and_odd_tail(tmp_path, small, mss):
     data = x.tobytes() + tail
     # MTU 1500: with gso (the default) a compressed packet covers up to ~6 MTUs of the stream, and
     # the stream must still take over 100 of them
-    with make_testbed(mtu=1500) as tb:
+    with make_testbed(mtu=1500, ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            got = transfer(h1, h2, data, tmp_path, mss=mss)
+            got = transfer(h1, h2, data, tmp_path, mss=mss, family=family)
             c1, c2 = d1.counters(), d2.counters()
     want = recon(x, -10)
     assert len(got) == len(data)
@@ -479,12 +481,13 @@ def test_sender_daemon_killed_flow_continues_raw(tmp_path, grads):
 
 # --- 8. peers without the daemon ---------------------------------------------------------------
 
-def test_peer_without_daemon_stays_raw(tmp_path, small):
+@pytest.mark.parametrize("family", [4, 6])
+def test_peer_without_daemon_stays_raw(tmp_path, small, family):
     data = small.tobytes()
-    with make_testbed() as tb:
+    with make_testbed(ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
         with running_nicd(h1, tmp_path) as d1:
-            got = transfer(h1, h2, data, tmp_path)
+            got = transfer(h1, h2, data, tmp_path, family=family)
             c1 = d1.counters()
     assert got == data
     assert c1["egress_raw_not_negotiated"] > 0

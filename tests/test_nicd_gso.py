@@ -277,7 +277,7 @@ def test_gso_incompressible_super_packets_leave_whole_and_arrive_intact(tmp_path
 EXISTING = {  # test -> its parameters
     "test_tagged_stream_equals_reconstruction": {"k": -10},
     "test_tagged_and_untagged_in_parallel": {},
-    "test_unaligned_segments_and_odd_tail": {"mss": 1001},
+    "test_unaligned_segments_and_odd_tail": {"mss": 1001, "family": 4},
     "test_random_loss": {},
     "test_receiver_daemon_killed_fails_closed_and_recovers": {"family": 4},
     "test_sender_daemon_killed_flow_continues_raw": {},
