@@ -8,8 +8,8 @@ an IPv6 SYN, and refusals: any extension header, payload lengths that lie. The f
 IPv6 flows by their addresses.
 
 End to end (needs root): real TCP over IPv6 between two namespaces through the soft NICs, the
-IPv6 counterparts of tests/test_nicd.py's streams (whose daemon-killed test runs over IPv6 too:
-test_receiver_daemon_killed_fails_closed_and_recovers[6]).
+IPv6 counterparts of tests/test_nicd.py's streams (some of its tests take family 6 themselves:
+the daemon killed, untagged traffic, unaligned segments, a peer without nicd).
 """
 from __future__ import annotations
 
