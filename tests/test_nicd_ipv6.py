@@ -376,7 +376,8 @@ def test_ipv6_stream_compressed(tmp_path, small, mode):
 
 
 @needs_root
-def test_ipv6_random_loss(tmp_path, small):
+@pytest.mark.parametrize("mode", MODES)
+def test_ipv6_random_loss(tmp_path, small, mode):
     """5% of what reaches h2 dropped by ip6tables -m statistic, before its daemon: lost
     compressed packets, retransmitted and compressed again, maybe with other boundaries."""
     with make_testbed(mtu=1500, ipv6=True) as tb:
@@ -384,7 +385,7 @@ def test_ipv6_random_loss(tmp_path, small):
         h2.run(["ip6tables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
                 "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
-        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+        with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
             c1, c2 = d1.counters(), d2.counters()
         lost = rule_counts(h2, "loss", family=6)[0]
@@ -401,13 +402,14 @@ def test_ipv6_hostile_packets_dropped_and_counted(tmp_path):
     ones are, a valid compressed packet behind an extension header too (drop_ext_header); none
     reaches the stack marked compressed; the valid ones are restored."""
     from test_nicd_hostile import crafted_to_a_daemon
-    kinds = "random,magic,bad_crc,decode,checksum,huge_n,ext_header,scaled"
+    kinds = "random,truncated,magic,version,bad_crc,decode,checksum,huge_n,tiny_ip,ext_header,scaled"
     delta, compressed_in_stack, restored_in_stack = crafted_to_a_daemon(tmp_path, kinds, 3, 9, family=6)
     seen = {k: v for k, v in delta.items() if v}
-    assert delta["ingress_packets"] == 24, seen
-    assert delta["drop_header"] == 6 and delta["drop_crc"] == 3 and delta["drop_decode"] == 3, seen
+    assert delta["ingress_packets"] == 33, seen
+    assert delta["drop_header"] == 12 and delta["drop_crc"] == 3 and delta["drop_decode"] == 3, seen
     assert delta["drop_checksum"] == 3 and delta["drop_too_big"] == 3 and delta["drop_ext_header"] == 3, seen
-    assert delta["ingress_restored"] == 3 and delta["drop_malformed"] == 0, seen
+    assert delta["drop_malformed"] == 3, seen  # an IPv6 header saying TCP, and no TCP header
+    assert delta["ingress_restored"] == 3, seen
     assert compressed_in_stack == 0, "a compressed packet reached the stack"
     assert restored_in_stack == 3  # the scaled ones, restored with their sender's mark (DSCP 9)
 
