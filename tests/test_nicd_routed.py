@@ -1,5 +1,6 @@
 """The soft NIC across a router that rewrites DSCP (issue 19, item 1): host - router - host
-(kernel_tc.testbed.RoutedTestbed), real netfilter in every namespace, real TCP.
+(kernel_tc.testbed.RoutedTestbed), real netfilter in every namespace, real TCP; the rewritten-mark
+tests run over IPv4 and IPv6.
 
 A DiffServ boundary that resets DSCP 11 (the compressed mark) to 0 must never make a host
 deliver compressed bytes: a compressed packet carries a TCP checksum wrong by exactly
@@ -18,7 +19,7 @@ import time
 
 import pytest
 from netns_helpers import wait_until
-from test_nicd import PEER, PY, Transfer, assert_words_equal, recon, rule_counts, running_nicd
+from test_nicd import PEER, PY, Transfer, assert_words_equal, recon, rule_counts, running_nicd, xtables
 
 from inceptionn.daemon import rules
 from inceptionn.daemon._datapath import ffi, lib
@@ -67,19 +68,22 @@ def test_compressed_checksum_is_wrong_by_the_mark_and_restores(small):
     assert struct.pack("=H", lib.nicd_tcp_checksum(bytes(again), n)) == bytes(ffi.buffer(back, n))[36:38]
 
 
-def routed_testbed(tb_name, mtu=1500):
+FAMILY = pytest.mark.parametrize("family", [4, 6])
+
+
+def routed_testbed(tb_name, mtu=1500, family=4):
     from inceptionn.kernel_tc.testbed import RoutedTestbed
-    return RoutedTestbed(hosts=2, mtu=mtu, name=tb_name)
+    return RoutedTestbed(hosts=2, mtu=mtu, name=tb_name, ipv6=family == 6)
 
 
-def rewrite_compressed_mark(router):
+def rewrite_compressed_mark(router, family=4):
     """The DiffServ boundary of the issue: DSCP 11 becomes 0 on the router, AF12 (hello) stays."""
-    router.run(["iptables", "-w", "5", "-t", "mangle", "-A", "FORWARD", "-m", "dscp", "--dscp", "11",
+    router.run([xtables(family), "-w", "5", "-t", "mangle", "-A", "FORWARD", "-m", "dscp", "--dscp", "11",
                 "-m", "comment", "--comment", "nt-rewrite", "-j", "DSCP", "--set-dscp", "0"], check=True)
 
 
-def count_arriving(host, name, dscp):
-    host.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, "-p", "tcp",
+def count_arriving(host, name, dscp, family=4):
+    host.run([xtables(family), "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, "-p", "tcp",
               "-m", "dscp", "--dscp", str(dscp), "-m", "comment", "--comment", f"nt-{name}"], check=True)
 
 
@@ -92,22 +96,24 @@ def tcp_snmp(host, name: str) -> int:
 
 @needs_root
 @GSO
-def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso):
+@FAMILY
+def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso, family):
     """Every compressed packet reaches h2 with DSCP 0; h2's soft NIC restores each one, the
-    application gets the codec's reconstruction, and the flow is counted once."""
-    with routed_testbed(tb_name) as tb:
+    application gets the codec's reconstruction, and the flow is counted once. Over IPv4 and
+    IPv6 (the traffic class rewritten, the IPv6 "looks compressed" rule)."""
+    with routed_testbed(tb_name, family=family) as tb:
         h1, h2 = tb.hosts
-        rewrite_compressed_mark(tb.router)
-        count_arriving(h2, "dscp11", 11)
+        rewrite_compressed_mark(tb.router, family)
+        count_arriving(h2, "dscp11", 11, family)
         with running_nicd(h1, tmp_path, gso) as d1, running_nicd(h2, tmp_path, gso) as d2:
-            t = Transfer(h1, h2, small.tobytes(), tmp_path, timeout=60)
+            t = Transfer(h1, h2, small.tobytes(), tmp_path, timeout=60, family=family)
             try:
                 got = t.finish()
             finally:
                 t.close()
             c1, c2 = d1.counters(), d2.counters()
-        rewritten = rule_counts(tb.router, "rewrite", table="mangle")[0]
-        arrived_marked = rule_counts(h2, "dscp11")[0]
+        rewritten = rule_counts(tb.router, "rewrite", table="mangle", family=family)[0]
+        arrived_marked = rule_counts(h2, "dscp11", family=family)[0]
     assert_words_equal(got, recon(small, -10).tobytes(), "across a DSCP-rewriting router")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["egress_compressed"] > 10 and rewritten >= c1["egress_compressed"]
@@ -119,7 +125,8 @@ def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso):
 
 @needs_root
 @GSO
-def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_path, small, gso):
+@FAMILY
+def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_path, small, gso, family):
     """h2's soft NIC stops mid-flow while h1's keeps compressing and the router rewrites the
     mark: the fail-closed drop (DSCP 11) cannot see those packets, yet h2's kernel must refuse
     every one by its TCP checksum (TcpInCsumErrors) and the application get not one more byte.
@@ -127,12 +134,12 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
     data = small.tobytes()
     pause = (len(data) // 4) & ~3
     want = recon(small, -10).tobytes()
-    with routed_testbed(tb_name) as tb:
+    with routed_testbed(tb_name, family=family) as tb:
         h1, h2 = tb.hosts
-        rewrite_compressed_mark(tb.router)
+        rewrite_compressed_mark(tb.router, family)
         with running_nicd(h1, tmp_path, gso) as d1:
             with running_nicd(h2, tmp_path, gso, tag="-first") as d2:
-                t = Transfer(h1, h2, data, tmp_path, pause_at=pause, timeout=90)
+                t = Transfer(h1, h2, data, tmp_path, pause_at=pause, timeout=90, family=family)
                 try:
                     t.wait_paused()
                     t.wait_received(pause)
