@@ -439,13 +439,14 @@ def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads, famil
 
 # --- 7. sender daemon killed: the flow continues raw -------------------------------------------
 
-def test_sender_daemon_killed_flow_continues_raw(tmp_path, grads):
+@pytest.mark.parametrize("family", [4, 6])
+def test_sender_daemon_killed_flow_continues_raw(tmp_path, grads, family):
     data = grads.tobytes()
     want = recon(grads, -10)
-    with make_testbed(rate="20mbit") as tb:
+    with make_testbed(rate="20mbit", ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            t = Transfer(h1, h2, data, tmp_path, timeout=120)
+            t = Transfer(h1, h2, data, tmp_path, timeout=120, family=family)
             try:
                 t.wait_received(1_000_000)
                 d1.kill()
@@ -495,11 +496,12 @@ def test_peer_without_daemon_stays_raw(tmp_path, small, family):
     assert c1["hello_sent"] >= 1 and c1["hello_received"] == 0 and c1["flows_negotiated"] == 0
 
 
-def test_flow_started_before_daemons_stays_raw(tmp_path, small):
+@pytest.mark.parametrize("family", [4, 6])
+def test_flow_started_before_daemons_stays_raw(tmp_path, small, family):
     data = small.tobytes()
-    with make_testbed() as tb:
+    with make_testbed(ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
-        t = Transfer(h1, h2, data, tmp_path, pause_at=len(data) // 3)
+        t = Transfer(h1, h2, data, tmp_path, pause_at=len(data) // 3, family=family)
         try:
             t.wait_paused()
             with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:

@@ -280,8 +280,8 @@ EXISTING = {  # test -> its parameters
     "test_unaligned_segments_and_odd_tail": {"mss": 1001, "family": 4},
     "test_random_loss": {},
     "test_receiver_daemon_killed_fails_closed_and_recovers": {"family": 4},
-    "test_sender_daemon_killed_flow_continues_raw": {},
-    "test_flow_started_before_daemons_stays_raw": {},
+    "test_sender_daemon_killed_flow_continues_raw": {"family": 4},
+    "test_flow_started_before_daemons_stays_raw": {"family": 4},
     "test_hostile_packets_dropped_and_counted": {},
     "test_stop_leaves_no_rule": {},
 }

@@ -9,7 +9,8 @@ IPv6 flows by their addresses.
 
 End to end (needs root): real TCP over IPv6 between two namespaces through the soft NICs, the
 IPv6 counterparts of tests/test_nicd.py's streams (some of its tests take family 6 themselves:
-the daemon killed, untagged traffic, unaligned segments, a peer without nicd).
+either daemon killed, untagged traffic, unaligned segments, a peer without nicd, a flow older
+than the daemons; and test_nicd_routed's DSCP-rewriting router).
 """
 from __future__ import annotations
 
