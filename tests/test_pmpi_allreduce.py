@@ -7,7 +7,8 @@ soft NICs compressed the ring's packets (nic mode); the result does not depend o
 (the same job without daemons gives the same bytes); calls the library must not take (small,
 float64, int, MPI_MAX) are byte for byte MPI's own; app mode without daemons; a setup failure on
 one rank makes all fall back with one warning line (an address it cannot bind, settings that differ); a rank killed in the middle of a call ends
-the job, with no result written; the C ring and the Python ring (collective.Group) give the same bits.
+the job, with no result written; the C ring and the Python ring (collective.Group) give the same bits;
+error feedback (optional) keeps the sum of repeated results near the exact sum, in bounded memory.
 
 Needs root, OpenMPI (mpirun, mpicc) and mpi4py.
 """
