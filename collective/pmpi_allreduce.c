@@ -17,6 +17,8 @@
  * the owned block (fixed points: they arrive the same compressed or not); app mode sends framed
  * codec output and forwards the owner's blob unchanged in phase 2. Every rank ends bit-identical,
  * and equal bit for bit to collective.Group.allreduce(compress="nic"/"app") on the same inputs.
+ * Optional error feedback keeps per (communicator, count) what this rank's receivers lost and adds
+ * it to the next such call (struct residual).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

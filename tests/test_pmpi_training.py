@@ -6,9 +6,10 @@ bits, tests/test_pmpi_allreduce.py) with and without ``--allreduce-error-feedbac
 
 Checked: the library took every gradient call (its summary line in every rank); the replicas
 stayed identical; every run learns (final test accuracy above 90%); with error feedback the mean
-final accuracy of the compressed runs is within 0.5 point of the uncompressed runs' (the issue's
-target). Without it the compressed runs are printed, not held to the target: in this setting
-their mean is 1.3 points lower (docs/mpi-allreduce.md). The runs are deterministic (the
+final accuracy of the compressed runs is not more than 0.5 point below the uncompressed runs'
+(the issue's target, read as README's training table reads it: not worse). Without it the
+compressed runs are printed, not held to the target: on these seeds their mean is 1.3 points
+lower (docs/mpi-allreduce.md). The runs are deterministic (the
 compressed sum does not depend on the network), so this is a fixed comparison, not a sample.
 Needs root, OpenMPI and mpi4py.
 """
@@ -63,4 +64,4 @@ def test_training_accuracy_compressed_vs_uncompressed(tb_name):
         print(f"  {name:<27} {'  '.join(f'{d[s]:.4f}' for s in SEEDS)}   mean {mean[name]:.4f} "
               f"({100 * (mean[name] - mean['uncompressed']):+.2f} points)")
     assert all(a > 0.9 for d in acc.values() for a in d.values()), acc
-    assert abs(mean["compressed, error feedback"] - mean["uncompressed"]) <= 0.005
+    assert mean["compressed, error feedback"] >= mean["uncompressed"] - 0.005
