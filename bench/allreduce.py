@@ -19,6 +19,10 @@ ring-nic (ring-gso with the soft NICs restarted per packet, nicd --no-gso), ring
 compressing ring's computation on untagged sockets: the cost of the application side alone), wa
 and wa-nic (the worker-aggregator exchange, plain or compressed).
 
+``--sweep`` measures instead where the MPI_Allreduce library starts to pay (its default
+threshold): mpi, mpi-nic and mpi-app on ``--counts`` values (default 1K to 1M), the library
+taking every count, milliseconds per call and the count from which it is faster.
+
 Reported: median seconds per allreduce [min-max over all reps], speedups of the soft NIC ring
 (ring-gso, else ring-nic) over gloo and MPI, and the error of one compressed reduction (NMSE
 against the float64 sum). Then the paper's Fig. 15: exchange time of ring-nic and of the
@@ -35,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
@@ -89,16 +93,21 @@ def json_objects(text: str) -> list[dict]:
 
 
 def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeout: float,
-             error_bound: int) -> dict:
+             error_bound: int, counts: list[int] | None = None) -> dict:
+    """One run of ``impl``: seconds per rep (the slowest rank's) and the NMSE of one reduction;
+    with ``counts`` (MPI only) seconds per rep for each count instead, the library taking every
+    count (--allreduce-min-count 1)."""
     hosts = tb.hosts[:world]
     store = os.path.join(workdir, "store")
     shutil.rmtree(store, ignore_errors=True)
     if impl in MPI_IMPLS:
         wrapper = ["--tag", "none"] if impl == "mpi" else \
             ["--compress-allreduce", "--allreduce-mode", impl[4:], "--allreduce-error-bound", str(error_bound)]
+        if counts and impl != "mpi":
+            wrapper += ["--allreduce-min-count", "1"]
         argv = [sys.executable, "-m", "inceptionn", "mpirun", *wrapper, "--testbed", tb.name,
                 "-np", str(world), "--", *PEER, impl, "0", str(world), workdir, str(reps),
-                "--error-bound", str(error_bound)]
+                "--error-bound", str(error_bound)] + (["--counts", ",".join(map(str, counts))] if counts else [])
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise UserError(f"mpi run failed: {r.stderr.strip()[-500:]}")
@@ -124,6 +133,10 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
                     p.wait()
         if errors:
             raise UserError(f"{impl} run failed: {errors[0]}")
+    if counts:   # rank 0 reports for all
+        if len(outs) != 1 or not outs[0].get("same"):
+            raise UserError(f"{impl}: " + ("ranks ended with different results" if outs else "no result"))
+        return {"sweep": outs[0]["sweep"]}
     if len(outs) != world:
         raise UserError(f"{impl}: expected {world} results, got {len(outs)}")
     crcs = {o["crc"] for o in outs}
@@ -135,12 +148,10 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
     return {"seconds": per_rep, "nmse": nmse}
 
 
-def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hosts: list[int],
-            scale_size: int, rounds: int, reps: int, mtu: int, error_bound: int,
-            captures: list[np.ndarray]) -> dict:
-    rate_bps = parse_rate(rate)
-    hosts = max([world, *scale_hosts])
-    res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}}
+@contextmanager
+def bench_testbed(rate: str, hosts: int, mtu: int, error_bound: int):
+    """A testbed of its own, a scratch directory, and ``daemons(gso)`` / ``nic_counters()`` for
+    the soft NIC on every host."""
     # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
     with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=f"bar{os.getpid()}") as tb, ExitStack() as stack, \
             tempfile.TemporaryDirectory(prefix="inceptionn-bar-") as tmp:
@@ -158,6 +169,16 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             """Packets all daemons sent compressed, and super-packets among what they took."""
             c = [read_stats(os.path.join(tmp, f"{h.name}.sock")) for h in tb.hosts]
             return {k: sum(x[k] for x in c) for k in ("egress_compressed", "gso_super_packets")}
+        yield tb, tmp, daemons, nic_counters
+
+
+def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hosts: list[int],
+            scale_size: int, rounds: int, reps: int, mtu: int, error_bound: int,
+            captures: list[np.ndarray]) -> dict:
+    rate_bps = parse_rate(rate)
+    hosts = max([world, *scale_hosts])
+    res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}}
+    with bench_testbed(rate, hosts, mtu, error_bound) as (tb, tmp, daemons, nic_counters):
         jobs = [(size, world, impls, "sizes") for size in sizes]
         jobs += [(scale_size, n, SCALE_IMPLS, "scaling") for n in scale_hosts]
         for size, n, which, section in jobs:
@@ -184,6 +205,63 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             res[section][key] = row
             shutil.rmtree(workdir, ignore_errors=True)
     return res
+
+
+SWEEP_COUNTS = (1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576)
+SWEEP_REPS = 10
+
+
+def measure_sweep(rate: str, counts: list[int], impls: list[str], world: int, rounds: int, reps: int,
+                  mtu: int, error_bound: int, captures: list[np.ndarray]) -> dict:
+    """Seconds per MPI_Allreduce of each count, stock MPI against the library taking every count,
+    and per library mode the crossover: the smallest count from which it is faster (median) at
+    every larger count measured (None: never)."""
+    rate_bps = parse_rate(rate)
+    res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "counts": {}, "crossover": {}}
+    with bench_testbed(rate, world, mtu, error_bound) as (tb, tmp, daemons, _):
+        workdir = os.path.join(tmp, "sweep")
+        os.makedirs(workdir)
+        write_inputs(workdir, world, max(counts) * 4, captures)
+        # the raw transfer time of 2(N-1)/N of every count, times 8, plus slack for the launches
+        timeout = 120 + 8 * (reps + 1) * sum(2 * c * 4 * 8 for c in counts) / rate_bps
+        seconds = {impl: {c: [] for c in counts} for impl in impls}
+        for r in range(rounds):
+            for impl in impls:
+                log(f"{res['rate']} sweep of {len(counts)} counts x {world} hosts round {r + 1}/{rounds}: {impl} ...")
+                daemons(impl in GSO_IMPLS)
+                got = run_impl(tb, impl, world, workdir, reps, timeout, error_bound, counts)
+                for c in counts:
+                    seconds[impl][c] += got["sweep"][str(c)]
+    for c in counts:
+        res["counts"][str(c)] = {impl: {"median": statistics.median(v[c]), "min": min(v[c]), "max": max(v[c]),
+                                        "seconds": v[c]} for impl, v in seconds.items()}
+    if "mpi" in impls:
+        for impl in impls:
+            if impl == "mpi":
+                continue
+            faster = [res["counts"][str(c)][impl]["median"] < res["counts"][str(c)]["mpi"]["median"] for c in counts]
+            from_here = [c for i, c in enumerate(counts) if all(faster[i:])]
+            res["crossover"][impl] = from_here[0] if from_here else None
+    return res
+
+
+def print_sweep(r: dict) -> None:
+    print(f"Threshold sweep: MPI_Allreduce of COUNT float32 values (real HDC gradients, HDC on {r['dataset']}), "
+          f"error bound 2^{r['error_bound']}, MTU {r['mtu']}; the library takes every count; milliseconds per "
+          f"call (slowest rank), median [min-max] of {r['rounds']} rounds x {r['reps']} reps")
+    impls = r["impls"]
+    for link in r["links"]:
+        print(f"\n{link['rate']}, {link['world']} hosts")
+        print(f"{'count':>8} {'KiB':>6}  " + "  ".join(f"{i:>24}" for i in impls)
+              + "".join(f"  {i + ' vs mpi':>14}" for i in impls if i != "mpi" and "mpi" in impls))
+        for count, row in link["counts"].items():
+            cells = [f"{row[i]['median'] * 1e3:8.2f} [{row[i]['min'] * 1e3:.2f}-{row[i]['max'] * 1e3:.2f}]" for i in impls]
+            sp = [f"{row['mpi']['median'] / row[i]['median']:13.2f}x" for i in impls if i != "mpi" and "mpi" in impls]
+            print(f"{count:>8} {int(count) * 4 // 1024:>6}  " + "  ".join(f"{c:>24}" for c in cells)
+                  + "".join(f"  {x:>14}" for x in sp))
+        for impl, c in link["crossover"].items():
+            print(f"{impl}: faster than MPI_Allreduce from {c} values on" if c else
+                  f"{impl}: not faster than MPI_Allreduce at the largest count")
 
 
 def print_report(r: dict) -> None:
@@ -238,10 +316,18 @@ def _csv(text: str, what: str, conv=str) -> list:
 def run(args) -> int:
     from ..train.gradients import capture_gradients
 
-    impls = _csv(args.impls, "impls")
+    impls = _csv(args.impls or ",".join(MPI_IMPLS if args.sweep else IMPLS), "impls")
     for i in impls:
         if i not in IMPLS + EXTRA_IMPLS:
             raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS + EXTRA_IMPLS)}")
+    if args.sweep and set(impls) - set(MPI_IMPLS):
+        raise UserError(f"--sweep measures MPI_Allreduce only: --impls from {', '.join(MPI_IMPLS)}")
+    counts = _csv(args.counts, "counts", int) if args.counts else list(SWEEP_COUNTS)
+    if args.counts and not args.sweep:
+        raise UserError("--counts goes with --sweep")
+    if any(not 1 <= c <= 2**31 - 1 for c in counts):
+        raise UserError("--counts: numbers of values, 1..2147483647")
+    reps = args.reps if args.reps is not None else (SWEEP_REPS if args.sweep else 3)
     if "gloo" in impls:
         try:
             import torch  # noqa: F401
@@ -258,34 +344,47 @@ def run(args) -> int:
         raise UserError("sizes must be positive MiB")
     if args.hosts < 2 or any(n < 2 for n in scale_hosts) or max([args.hosts, *scale_hosts]) > 16:
         raise UserError("hosts must be between 2 and 16")
-    if args.rounds < 1 or args.reps < 1:
+    if args.rounds < 1 or reps < 1:
         raise UserError("--rounds and --reps must be at least 1")
     log(f"capturing real gradients (HDC on {args.data or 'digits'}) ...")
     captures = capture_gradients(8, data=args.data, seed=args.seed)
     report = {"dataset": args.data or "digits", "error_bound": args.error_bound, "mtu": args.mtu,
-              "rounds": args.rounds, "reps": args.reps, "impls": impls, "scale_size": args.scale_size,
+              "rounds": args.rounds, "reps": reps, "impls": impls, "scale_size": args.scale_size,
               "links": []}
+    if args.sweep:
+        report["counts"] = counts
     for i, rate in enumerate(rates):
-        report["links"].append(measure(rate, sizes, impls, args.hosts, scale_hosts if i == 0 else [],
-                                       args.scale_size, args.rounds, args.reps, args.mtu,
-                                       args.error_bound, list(captures)))
+        if args.sweep:
+            link = measure_sweep(rate, counts, impls, args.hosts, args.rounds, reps, args.mtu, args.error_bound,
+                                 list(captures))
+        else:
+            link = measure(rate, sizes, impls, args.hosts, scale_hosts if i == 0 else [], args.scale_size,
+                           args.rounds, reps, args.mtu, args.error_bound, list(captures))
+        report["links"].append(link)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_report(report)
+        (print_sweep if args.sweep else print_report)(report)
     return 0
 
 
 def add_arguments(p) -> None:
     p.add_argument("--rates", default="100mbit,1gbit", help="comma-separated link rates (default 100mbit,1gbit)")
     p.add_argument("--sizes", default="10,100", help="gradient sizes in MiB (default 10,100)")
-    p.add_argument("--impls", default=",".join(IMPLS), help=f"which allreduces (default {','.join(IMPLS)})")
+    p.add_argument("--impls", help=f"which allreduces (default {','.join(IMPLS)}); with --sweep: from "
+                   f"{','.join(MPI_IMPLS)} (default all three)")
     p.add_argument("--hosts", type=int, default=4, help="hosts for the size sweep (default 4)")
     p.add_argument("--scale-hosts", default="2,4,8",
                    help="host counts for the scalability sweep at the first rate ('' to skip; default 2,4,8)")
     p.add_argument("--scale-size", type=int, default=25, help="MiB for the scalability sweep (default 25)")
     p.add_argument("--rounds", type=int, default=1, help="rounds, each running every allreduce in turn (default 1)")
-    p.add_argument("--reps", type=int, default=3, help="timed allreduces per run, after one warm-up (default 3)")
+    p.add_argument("--reps", type=int, help=f"timed allreduces per run, after one warm-up (default 3; {SWEEP_REPS} "
+                   "per count with --sweep)")
+    p.add_argument("--sweep", action="store_true",
+                   help="instead of --sizes: MPI_Allreduce of --counts values, stock MPI against the library "
+                        "(mpi-app, mpi-nic) taking every count, and the count from which the library is faster")
+    p.add_argument("--counts", help="with --sweep: numbers of float32 values (default "
+                   f"{','.join(map(str, SWEEP_COUNTS))})")
     p.add_argument("--mtu", type=int, default=9000, help="link MTU (default 9000)")
     p.add_argument("--error-bound", type=int, default=-10, help="soft NIC error bound exponent (default -10)")
     p.add_argument("--data", metavar="PATH", help="MNIST to capture gradients on (default: digits)")

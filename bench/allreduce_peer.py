@@ -2,7 +2,7 @@
 gradient file and prints one JSON line. Run by the benchmark inside a testbed host:
 
     python -m inceptionn.bench.allreduce_peer IMPL RANK WORLD WORKDIR REPS [--master ADDR:PORT]
-                                              [--error-bound K]
+                                              [--error-bound K] [--counts N,N,...]
 
 IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
 soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemons with gso),
@@ -13,7 +13,8 @@ cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_
 ``mpi-nic`` and ``mpi-app`` are the same program, launched with the MPI_Allreduce library).
 WORKDIR holds ``grad<rank>.npy`` (this rank's input) and ``exact.npy`` (the float64 sum), and
 is the rendezvous directory of the ring. Every rep starts after a barrier and copies the input
-first, so each rep reduces the same values.
+first, so each rep reduces the same values. ``--counts`` (MPI only, the threshold sweep): one
+warm-up and REPS timed allreduces of the first N values of the input for each N, in turn.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def main(argv: list[str]) -> int:
     impl, rank, world, workdir, reps = argv[0], int(argv[1]), int(argv[2]), argv[3], int(argv[4])
     master = argv[argv.index("--master") + 1] if "--master" in argv else None
     error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else -10
+    counts = [int(c) for c in argv[argv.index("--counts") + 1].split(",")] if "--counts" in argv else None
     comm = dist = group = None
     if impl.startswith("mpi"):
         from mpi4py import MPI
@@ -67,6 +69,8 @@ def main(argv: list[str]) -> int:
         else:
             op = lambda: group.allreduce(buf, out=buf)  # noqa: E731
     barrier = _barrier_fn(impl, group, dist, comm)
+    if counts:
+        return sweep(comm, x, counts, reps, barrier)
 
     times, out = [], {"impl": impl, "rank": rank, "world": world}
     for rep in range(reps + 1):  # rep 0 warms up: connections, buffers, TCP windows
@@ -91,6 +95,31 @@ def main(argv: list[str]) -> int:
     if dist is not None:
         dist.destroy_process_group()
     print(json.dumps(out), flush=True)
+    return 0
+
+
+def sweep(comm, x: np.ndarray, counts: list[int], reps: int, barrier) -> int:
+    """Seconds per MPI_Allreduce of x[:count] for each count (a warm-up first, then reps). Rank 0
+    prints one line for all: per rep the slowest rank's time, and whether all ranks ended with
+    the same results (long lines of four ranks could interleave in mpirun's output)."""
+    from mpi4py import MPI
+    times, crc = {}, 0
+    for count in counts:
+        buf = np.empty(count, np.float32)
+        t = []
+        for _ in range(reps + 1):
+            np.copyto(buf, x[:count])
+            barrier()
+            t0 = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, buf)
+            t.append(time.perf_counter() - t0)
+        times[str(count)] = t[1:]
+        crc = zlib.crc32(buf.tobytes(), crc)
+    every = comm.gather((times, crc), root=0)
+    if comm.Get_rank() == 0:
+        out = {"rank": 0, "world": comm.Get_size(), "crc": crc, "same": len({c for _, c in every}) == 1,
+               "sweep": {k: [max(t[k][i] for t, _ in every) for i in range(reps)] for k in times}}
+        print(json.dumps(out), flush=True)
     return 0
 
 

@@ -17,6 +17,8 @@
  * the owned block (fixed points: they arrive the same compressed or not); app mode sends framed
  * codec output and forwards the owner's blob unchanged in phase 2. Every rank ends bit-identical,
  * and equal bit for bit to collective.Group.allreduce(compress="nic"/"app") on the same inputs.
+ * Optional error feedback keeps per (communicator, count) what this rank's receivers lost and adds
+ * it to the next such call (struct residual).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -50,12 +52,23 @@ enum { MODE_APP = 0, MODE_NIC = 1 };
 static const char *const MODE_NAME[] = {"app", "nic"};
 
 static struct {
-    int mode, k, log, timeout_ms;
+    int mode, k, log, timeout_ms, feedback;
     long min_count, chunk;
     struct in_addr addr;
     int have_addr;            /* from INCEPTIONN_MPI_ADDR or _IFACE (else chosen at setup) */
     char iface[64];
 } cfg;
+
+/* Error feedback (off by default): what this rank's receivers did not get in the last call of
+ * the same count on the same communicator, added to the next one. Keyed by (communicator, count),
+ * not by buffer: see docs/mpi-allreduce.md. At most INC_MPI_EF_MAX_KEYS per communicator, the
+ * least recently used dropped. */
+struct residual {
+    size_t n;
+    unsigned long used;       /* the ring's call number when last used (LRU) */
+    float *lost;              /* n values, unscaled */
+    struct residual *next;
+};
 
 /* One communicator's ring. Calls on it are serialized by mu (MPI_THREAD_MULTIPLE programs). */
 enum { RING_NEW = 0, RING_READY, RING_FALLBACK, RING_CLOSED };
@@ -63,6 +76,8 @@ struct ring {
     pthread_mutex_t mu;
     int state, rank, size, send_fd, recv_fd;
     MPI_Comm comm;
+    unsigned long calls;
+    struct residual *residuals;
     struct ring *next;
 };
 
@@ -70,8 +85,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_keyval = MPI_KEYVAL_INVALID;
 static struct ring *g_rings;
 static struct {
-    unsigned long taken, passed;
-    double taken_bytes, passed_bytes, seconds;
+    unsigned long taken, passed, ef_dropped;
+    double taken_bytes, passed_bytes, seconds, ef_bytes;   /* ef_bytes: residual memory held now */
 } g_stats;
 
 /* --- output: one write() per line ------------------------------------------------------------- */
@@ -192,6 +207,7 @@ __attribute__((constructor)) static void load_settings(void)
     cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
                                           "seconds, 1..86400");
     cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
+    cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", 0, 0, 1, "use 0 or 1");
     const char *a = getenv("INCEPTIONN_MPI_ADDR"), *f = getenv("INCEPTIONN_MPI_IFACE");
     if (a && *a) {
         if (inet_pton(AF_INET, a, &cfg.addr) != 1) {
@@ -400,8 +416,57 @@ static void setup(struct ring *r)
     }
     r->state = RING_READY;
     if (cfg.log)
-        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, error bound %d", r->size, MODE_NAME[cfg.mode],
-            inet_ntoa(self), ntohs(me.port), cfg.min_count, cfg.k);
+        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, error bound %d%s", r->size, MODE_NAME[cfg.mode],
+            inet_ntoa(self), ntohs(me.port), cfg.min_count, cfg.k, cfg.feedback ? ", error feedback" : "");
+}
+
+/* --- error feedback memory ---------------------------------------------------------------------- */
+
+static void drop_residual(struct residual *e)
+{
+    pthread_mutex_lock(&g_mu);
+    g_stats.ef_bytes -= (double)e->n * sizeof(float);
+    pthread_mutex_unlock(&g_mu);
+    free(e->lost);
+    free(e);
+}
+
+/* The residual of (this communicator, n), made (zero) if new; NULL when out of memory (the call
+ * then runs without error feedback). The least recently used beyond INC_MPI_EF_MAX_KEYS goes. */
+static struct residual *residual_for(struct ring *r, size_t n)
+{
+    struct residual **p, *e, **oldest = NULL;
+    int keys = 0;
+    r->calls++;
+    for (p = &r->residuals; (e = *p); p = &e->next, keys++) {
+        if (e->n == n) {
+            e->used = r->calls;
+            return e;
+        }
+        if (!oldest || e->used < (*oldest)->used)
+            oldest = p;
+    }
+    if (keys >= INC_MPI_EF_MAX_KEYS) {
+        e = *oldest;
+        *oldest = e->next;
+        drop_residual(e);
+        pthread_mutex_lock(&g_mu);
+        g_stats.ef_dropped++;
+        pthread_mutex_unlock(&g_mu);
+    }
+    e = calloc(1, sizeof *e);
+    if (!e || !(e->lost = calloc(n, sizeof(float)))) {
+        free(e);
+        return NULL;
+    }
+    e->n = n;
+    e->used = r->calls;
+    e->next = r->residuals;
+    r->residuals = e;
+    pthread_mutex_lock(&g_mu);
+    g_stats.ef_bytes += (double)n * sizeof(float);
+    pthread_mutex_unlock(&g_mu);
+    return e;
 }
 
 /* --- communicator attribute: set up once, torn down on MPI_Comm_free and at MPI_Finalize ----- */
@@ -419,6 +484,11 @@ static int delete_ring(MPI_Comm comm, int keyval, void *value, void *extra)
     pthread_mutex_unlock(&g_mu);
     pthread_mutex_lock(&r->mu);
     close_ring(r);
+    while (r->residuals) {
+        struct residual *e = r->residuals;
+        r->residuals = e->next;
+        drop_residual(e);
+    }
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -520,8 +590,17 @@ static void decode_frame(struct ring *r, const uint8_t *buf, size_t len, float *
     }
 }
 
-/* Sum x[0..n) over the ring in place (x already scaled). */
-static void ring_allreduce(struct ring *r, float *x, size_t n)
+/* lost[i] = sent[i] - q[i]: what the receivers of sent[i] do not get (error feedback). */
+static void record_lost(float *lost, const float *sent, const float *q, size_t m)
+{
+    for (size_t i = 0; i < m; i++)
+        lost[i] = sent[i] - q[i];
+}
+
+/* Sum x[0..n) over the ring in place (x already scaled). With lost (error feedback), every value
+ * this rank puts on the wire in phase 1 and its owned block record sent - received there: one
+ * record per position, so lost ends as this rank's whole residual (collective/ring.py's sink). */
+static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 {
     const int N = r->size, rank = r->rank;
     const size_t chunk = (size_t)cfg.chunk;
@@ -555,9 +634,15 @@ static void ring_allreduce(struct ring *r, float *x, size_t n)
             if (it.step <= N - 2) {
                 if (app) {
                     encode_frame(r, x + it.a, m, sbuf, &sleft);
+                    if (lost) {   /* inc_reconstruct is decode(encode()) without the stream */
+                        inc_reconstruct(x + it.a, m, cfg.k, lost + it.a);
+                        record_lost(lost + it.a, x + it.a, lost + it.a, m);
+                    }
                 } else {
                     inc_reconstruct(x + it.a, m, cfg.k, (float *)sbuf);
                     sleft = m * sizeof(float);
+                    if (lost)
+                        record_lost(lost + it.a, x + it.a, (const float *)sbuf, m);
                 }
                 sp = sbuf;
             } else if (app) {
@@ -643,6 +728,8 @@ static void ring_allreduce(struct ring *r, float *x, size_t n)
                     for (size_t i = 0; i < m; i++)
                         xa[i] += tmp[i];
                     if (it.step == N - 2) {                   /* this rank owns the block now */
+                        if (lost)
+                            memcpy(lost + it.a, xa, m * sizeof(float));
                         if (app) {
                             struct frame *f = &keep[ri];
                             f->buf = malloc(frame_cap(m));
@@ -653,6 +740,8 @@ static void ring_allreduce(struct ring *r, float *x, size_t n)
                         } else {
                             inc_reconstruct(xa, m, cfg.k, xa);
                         }
+                        if (lost)
+                            record_lost(lost + it.a, lost + it.a, xa, m);
                     }
                 } else if (app) {
                     decode_frame(r, rbuf, rneed, xa, m);
@@ -810,9 +899,19 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     int *exps = malloc(((n + INC_MPI_BUCKET_VALUES - 1) / INC_MPI_BUCKET_VALUES) * sizeof *exps);
     if (!exps)
         ring_fail(r, "out of memory");
+    struct residual *ef = cfg.feedback ? residual_for(r, n) : NULL;
+    if (ef)
+        for (size_t i = 0; i < n; i++)
+            x[i] += ef->lost[i];
     scale(r, x, n, 0, exps);
-    ring_allreduce(r, x, n);
+    ring_allreduce(r, x, n, ef ? ef->lost : NULL);
     scale(r, x, n, 1, exps);
+    if (ef) {
+        scale(r, ef->lost, n, 1, exps);     /* exact: powers of two */
+        for (size_t i = 0; i < n; i++)      /* inf - inf where a rank had inf or NaN: never carried on */
+            if (!isfinite(ef->lost[i]))
+                ef->lost[i] = 0;
+    }
     free(exps);
     double dt = now() - t0;
     pthread_mutex_unlock(&r->mu);
@@ -829,6 +928,7 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
 
 EXPORT int MPI_Finalize(void)
 {
+    double ef_held = g_stats.ef_bytes;      /* before the rings (and their residuals) go */
     /* tear down every ring still open (communicators the program never freed, MPI_COMM_WORLD) */
     for (;;) {
         pthread_mutex_lock(&g_mu);
@@ -842,9 +942,14 @@ EXPORT int MPI_Finalize(void)
     }
     if (g_keyval != MPI_KEYVAL_INVALID)
         PMPI_Comm_free_keyval(&g_keyval);
-    if (cfg.log)
-        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s), %lu passed through (%.1f MiB)",
+    if (cfg.log) {
+        char ef[96] = "";
+        if (cfg.feedback)
+            snprintf(ef, sizeof ef, "; error feedback: %.1f MiB of residuals at the end, %lu dropped", ef_held / 1048576.0,
+                     g_stats.ef_dropped);
+        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s), %lu passed through (%.1f MiB)%s",
             g_stats.taken, g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], g_stats.passed,
-            g_stats.passed_bytes / 1048576.0);
+            g_stats.passed_bytes / 1048576.0, ef);
+    }
     return PMPI_Finalize();
 }

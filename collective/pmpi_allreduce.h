@@ -15,6 +15,8 @@
  *   INCEPTIONN_MPI_ADDR         the IPv4 address of the ring's sockets, or
  *   INCEPTIONN_MPI_IFACE        an interface name or an IPv4 network (a.b.c.d/len) to take it from
  *                               (default: the first non-loopback IPv4 address)
+ *   INCEPTIONN_MPI_ERROR_FEEDBACK  1: error feedback, one residual per (communicator, count),
+ *                               at most INC_MPI_EF_MAX_KEYS per communicator; 0 or unset: off
  *   INCEPTIONN_MPI_LOG          1: one line per MPI_Allreduce (taken or passed, and why), setup
  *                               lines, a summary at MPI_Finalize; 0 or unset: warnings only
  */
@@ -27,6 +29,7 @@
 #define INC_MPI_DEFAULT_CHUNK 65536
 #define INC_MPI_DEFAULT_ERROR_BOUND (-10)
 #define INC_MPI_DEFAULT_TIMEOUT 300
+#define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
 
 #endif

@@ -53,7 +53,7 @@ DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
-           "--allreduce-error-bound": True}
+           "--allreduce-error-bound": True, "--allreduce-error-feedback": False}
 PMPI_MODULE = "inceptionn.collective._pmpi_allreduce"
 ALLREDUCE_MODES = ("auto", "nic", "app")
 DEFAULT_MIN_COUNT = 65536            # collective/pmpi_allreduce.h INC_MPI_DEFAULT_MIN_COUNT
@@ -90,6 +90,9 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --allreduce-error-bound K
                       the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic it
                       must be the daemons' --error-bound)
+  --allreduce-error-feedback
+                      add what the codec lost in a call to the next call of the same count on
+                      the same communicator (off by default; docs/mpi-allreduce.md)
   --testbed NAME      launch on the hosts of testbed NAME (`inceptionn testbed up`)
   --slots N           ranks per testbed host (default 1)
   --iface IF|CIDR     network for MPI's TCP traffic (btl/oob_tcp_if_include; default with
@@ -127,6 +130,7 @@ class Options:
     allreduce_mode: str = "auto"
     allreduce_min_count: int = DEFAULT_MIN_COUNT
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
+    allreduce_error_feedback: bool = False
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -186,13 +190,15 @@ def parse_args(rest: list[str]) -> Options:
     if "--btl-ports" in values:
         opts.btl_ports = _port_range(values["--btl-ports"], "--btl-ports")
     opts.compress_allreduce = bool(values.get("--compress-allreduce"))
-    allreduce_opts = [o for o in ("--allreduce-mode", "--allreduce-min-count", "--allreduce-error-bound") if o in values]
+    allreduce_opts = [o for o in ("--allreduce-mode", "--allreduce-min-count", "--allreduce-error-bound",
+                                  "--allreduce-error-feedback") if o in values]
     if allreduce_opts and not opts.compress_allreduce:
         raise UserError(f"{allreduce_opts[0]} goes with --compress-allreduce")
     if "--allreduce-mode" in values:
         if values["--allreduce-mode"] not in ALLREDUCE_MODES:
             raise UserError(f"bad --allreduce-mode {values['--allreduce-mode']!r}: use auto, nic or app")
         opts.allreduce_mode = values["--allreduce-mode"]
+    opts.allreduce_error_feedback = bool(values.get("--allreduce-error-feedback"))
     if "--allreduce-min-count" in values:
         v = values["--allreduce-min-count"]
         if not re.fullmatch(r"[0-9]{1,10}", v) or not 1 <= int(v) <= 2**31 - 1:
@@ -465,11 +471,13 @@ def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> t
            "INCEPTIONN_MPI_ERROR_BOUND": str(opts.allreduce_error_bound)}
     if iface:
         env["INCEPTIONN_MPI_IFACE"] = iface
+    if opts.allreduce_error_feedback:
+        env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1"
     if opts.log:
         env["INCEPTIONN_MPI_LOG"] = "1"
     settings = {"library": lib, "mode": mode, "requested_mode": opts.allreduce_mode,
                 "min_count": opts.allreduce_min_count, "error_bound": opts.allreduce_error_bound,
-                "iface": iface, "log": bool(opts.log)}
+                "error_feedback": opts.allreduce_error_feedback, "iface": iface, "log": bool(opts.log)}
     return settings, env
 
 
@@ -479,7 +487,7 @@ def report_lines(p: Plan) -> list[str]:
     if p.allreduce:
         a = p.allreduce
         what += (f"; MPI_Allreduce compressed (mode {a['mode']}, float32 sums of >= {a['min_count']} values, "
-                 f"error bound 2^{a['error_bound']})")
+                 f"error bound 2^{a['error_bound']}{', error feedback' if a['error_feedback'] else ''})")
     lines = [f"inceptionn mpirun: {where}; {what}"]
     width = max(len(h["name"]) for h in p.hosts)
     for h in p.hosts:

@@ -55,7 +55,28 @@ def test_mpi_library_beside_stock_mpi(no_leaks, capsys):
     assert row["mpi"]["egress_compressed"] == 0 and row["mpi-app"]["egress_compressed"] == 0
 
 
+@needs_root
+def test_threshold_sweep(no_leaks, capsys):
+    """--sweep: stock MPI_Allreduce and the library taking every count (even 1,000 values, far
+    below its default threshold), timed per count, with a crossover per library mode."""
+    from inceptionn.cli import main
+    rc = main(["bench", "allreduce", "--sweep", "--rates", "1gbit", "--counts", "1000,70000", "--hosts", "3",
+               "--reps", "2", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["counts"] == [1000, 70000] and r["impls"] == ["mpi", "mpi-nic", "mpi-app"] and r["reps"] == 2
+    link = r["links"][0]
+    for count in ("1000", "70000"):
+        for impl, v in link["counts"][count].items():
+            assert len(v["seconds"]) == 2 and 0 < v["min"] <= v["median"] <= v["max"] < 60, (count, impl, v)
+    assert set(link["crossover"]) == {"mpi-nic", "mpi-app"}
+    assert all(c in (None, 1000, 70000) for c in link["crossover"].values())
+
+
 @pytest.mark.parametrize("args,needle", [
+    (["--sweep", "--impls", "mpi,ring"], "--sweep measures MPI_Allreduce only"),
+    (["--counts", "1000"], "--counts goes with --sweep"),
+    (["--sweep", "--counts", "0"], "--counts: numbers of values"),
     (["--impls", "ring,carrier-pigeon"], "unknown 'carrier-pigeon'"),
     (["--rates", "fast"], "fast"),
     (["--sizes", "ten"], "--sizes"),

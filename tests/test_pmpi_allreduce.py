@@ -7,7 +7,8 @@ soft NICs compressed the ring's packets (nic mode); the result does not depend o
 (the same job without daemons gives the same bytes); calls the library must not take (small,
 float64, int, MPI_MAX) are byte for byte MPI's own; app mode without daemons; a setup failure on
 one rank makes all fall back with one warning line (an address it cannot bind, settings that differ); a rank killed in the middle of a call ends
-the job, with no result written; the C ring and the Python ring (collective.Group) give the same bits.
+the job, with no result written; the C ring and the Python ring (collective.Group) give the same bits;
+error feedback (optional) keeps the sum of repeated results near the exact sum, in bounded memory.
 
 Needs root, OpenMPI (mpirun, mpicc) and mpi4py.
 """
@@ -216,10 +217,11 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
         plan = json.loads(r.stdout)
         assert plan["policy"] is None
         assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "min_count": 1000,
-                                     "error_bound": -12, "iface": str(tb.network), "log": False}
+                                     "error_bound": -12, "error_feedback": False, "iface": str(tb.network), "log": False}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
+        assert "INCEPTIONN_MPI_ERROR_FEEDBACK" not in exported   # off by default
         assert (exported["INCEPTIONN_MPI_MODE"], exported["INCEPTIONN_MPI_MIN_COUNT"],
                 exported["INCEPTIONN_MPI_ERROR_BOUND"], exported["INCEPTIONN_MPI_IFACE"]) == ("app", "1000", "-12", str(tb.network))
         # with a policy: the tagging library first, then this one; a forced nic mode warns
@@ -239,6 +241,59 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
     (["--compress-allreduce", "--allreduce-min-count", "0", "--", "true"], "bad --allreduce-min-count '0'"),
     (["--compress-allreduce", "--allreduce-error-bound", "-31", "--", "true"], "bad --allreduce-error-bound '-31'"),
     (["--compress-allreduce", "-x", "INCEPTIONN_MPI_MODE=nic", "--", "true"], "do not pass -x INCEPTIONN_MPI_MODE"),
+    (["--allreduce-error-feedback", "--", "true"], "--allreduce-error-feedback goes with --compress-allreduce"),
+    (["--compress-allreduce", "--allreduce-error-feedback=1", "--", "true"], "--allreduce-error-feedback takes no value"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_allreduce_option_errors_are_one_line(args, needle, capsys):
     assert needle in cli_error(capsys, "mpirun", *args)
+
+
+@pytest.mark.parametrize("mode", ["nic", "app"])
+def test_error_feedback_tracks_the_exact_sum(tmp_path, mode):
+    """INCEPTIONN_MPI_ERROR_FEEDBACK=1 on real HDC gradients (a different one per rank), the same
+    input reduced T times: without error feedback every call loses the same amount, so the sum of
+    the T results is off by T times one call's error; with it, what a call lost goes into the next
+    one and the sum stays within about one call's error of T times the exact sum. The first call
+    is the same bits either way (no residual yet). Then 20 more counts: the residual memory keeps
+    16 per communicator (the least recently used dropped), as the summary says. On loopback, no
+    daemon (nic mode's result does not depend on the network)."""
+    from inceptionn.shim.run import preload_library
+    from inceptionn.train.gradients import capture_gradients
+    lib = preload_library("inceptionn.collective._pmpi_allreduce")
+    grads = capture_gradients(WORLD, seed=3)
+    indir = tmp_path / "in"
+    indir.mkdir()
+    for q, g in enumerate(grads):
+        np.save(indir / f"grad{q}.npy", g)
+    exact = np.sum(np.array(grads, dtype=np.float64), axis=0)
+    calls = 12
+    counts = ",".join(str(100_000 + 1000 * i) for i in range(20))
+    out = {}
+    for ef in ("0", "1"):
+        d = tmp_path / f"ef{ef}"
+        d.mkdir()
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")
+        r = subprocess.run(["mpirun", "-np", str(WORLD), "--oversubscribe", "-x", f"LD_PRELOAD={lib}",
+                            "-x", f"INCEPTIONN_MPI_MODE={mode}", "-x", "INCEPTIONN_MPI_ADDR=127.0.0.1",
+                            "-x", f"INCEPTIONN_MPI_ERROR_FEEDBACK={ef}", "-x", "INCEPTIONN_MPI_LOG=1",
+                            sys.executable, str(PROGS / "mpi4py_feedback.py"), str(indir), str(d), str(calls), counts],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = [np.load(d / f"rank{q}.npz") for q in range(WORLD)]
+        assert all(x["total"].tobytes() == res[0]["total"].tobytes() for x in res), "ranks differ"
+        out[ef] = res[0]
+        summaries = [ln for ln in r.stderr.splitlines() if "summary:" in ln]
+        assert len(summaries) == WORLD and all(f"summary: {calls + 20} MPI_Allreduce calls taken" in s for s in summaries)
+        if ef == "1":
+            # 21 keys: the gradient's and the first 4 counts' residuals went, the last 16 are held
+            held = sum(100_000 + 1000 * i for i in range(4, 20)) * 4 / 2**20
+            assert all(f"error feedback: {held:.1f} MiB of residuals at the end, 5 dropped" in s for s in summaries), summaries
+            assert "error feedback" in next(ln for ln in r.stderr.splitlines() if "ring ready" in ln)
+        else:
+            assert all("error feedback" not in s for s in summaries)
+    assert out["0"]["first"].tobytes() == out["1"]["first"].tobytes()
+    one = np.linalg.norm(out["0"]["first"] - exact)
+    err = {ef: np.linalg.norm(out[ef]["total"] - calls * exact) for ef in out}
+    print(f"\n{mode}: one call's error {one:.3e}; error of the sum of {calls}: without EF {err['0']:.3e}, with EF {err['1']:.3e}")
+    assert err["0"] > 0.9 * calls * one           # the same loss every call
+    assert err["1"] < 2.5 * one                   # bounded by about one call's loss
