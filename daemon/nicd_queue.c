@@ -1196,8 +1196,12 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         fail(err, errlen, "nfq_set_mode", errno);
         goto out;
     }
-    nfq_set_queue_maxlen(qe, cfg->queue_maxlen);
-    nfq_set_queue_maxlen(qi, cfg->queue_maxlen);
+    /* The configured queue_maxlen is what bounds the kernel's backlog: a refusal must not leave
+     * the kernel's default (1024) in place unnoticed. */
+    if (nfq_set_queue_maxlen(qe, cfg->queue_maxlen) < 0 || nfq_set_queue_maxlen(qi, cfg->queue_maxlen) < 0) {
+        fail(err, errlen, "nfq_set_queue_maxlen", errno);
+        goto out;
+    }
     /* Egress may fail open (a full queue lets the packet leave raw); ingress never does. With
      * gso the egress queue gets super-packets whole, their checksums not filled in (CHECKSUM_
      * PARTIAL): whatever we rewrite gets full checksums, what we accept the kernel completes. */
