@@ -190,6 +190,14 @@ def test_mpirun_on_one_host_and_dry_run(tb_name, mpi_grad):
         # 40000-40010 lies in the hosts' ephemeral range (32768-60999): a warning, not an error
         assert len(plan["warnings"]) == 1 and "ephemeral port range 32768-60999" in plan["warnings"][0]
 
+        # more testbed ranks than this machine's cores: they yield instead of busy-polling
+        cores = len(os.sched_getaffinity(0))
+        assert ("mpi_yield_when_idle" in mca) == (2 > cores)
+        r = run_cli("mpirun", "--tag", "none", "--testbed", tb_name, "--slots", str(cores), "--dry-run", "--json",
+                    "--", "/bin/true")
+        argv = json.loads(r.stdout)["mpirun"]
+        assert argv[argv.index("mpi_yield_when_idle") + 1] == "1", argv
+
 
 def test_nic_status_reads_the_daemons_rules(tb_name, tmp_path):
     """The report's per-host state, from the rules and bound queues of each namespace (read by
