@@ -61,20 +61,22 @@ def wait_established(host, port: int, timeout: float = 10.0) -> None:
 
 
 def transfer(sender, receiver, path: str, reps: int, tos: int, timeout: float, on_connected=None,
-             streams: int = 1, keep: str | None = None) -> dict:
+             streams: int = 1, keep: str | None = None, ipv6: bool = False) -> dict:
     """``streams`` parallel streams sender -> receiver (ports PORT, PORT + 1, ...): their bytes
     summed, over the longest of their times; ``on_connected()`` runs once the first is up.
-    ``keep``: a file the (single) receiver writes what arrived to."""
+    ``keep``: a file the (single) receiver writes what arrived to. ``ipv6``: to the receiver's
+    IPv6 address (the ToS becomes the traffic class)."""
     peer = [sys.executable, "-m", "inceptionn.bench.stream_peer"]
+    addr = receiver.ip6 if ipv6 else receiver.ip
     rxs, txs = [], []
     try:
         for i in range(streams):
-            rxs.append(receiver.popen(peer + ["recv", receiver.ip, str(PORT + i)] + ([keep] if keep else []),
+            rxs.append(receiver.popen(peer + ["recv", addr, str(PORT + i)] + ([keep] if keep else []),
                                       stdout=subprocess.PIPE, text=True))
             if rxs[-1].stdout.readline().strip() != "ready":
                 raise UserError("benchmark receiver did not start")
         for i in range(streams):
-            txs.append(sender.popen(peer + ["send", receiver.ip, str(PORT + i), path, str(reps), hex(tos)]))
+            txs.append(sender.popen(peer + ["send", addr, str(PORT + i), path, str(reps), hex(tos)]))
         if on_connected:
             wait_established(receiver, PORT)
             on_connected()
@@ -214,22 +216,24 @@ def stats_queues(sock: str) -> list[dict]:
 def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
                  error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0,
                  path_gso: bool = True, gso: bool = False, queues: tuple = (1,), streams: int = 1,
-                 modes: bool = False) -> dict:
+                 modes: bool = False, ipv6: bool = False) -> dict:
     """``path_gso``: the tagged stream's daemons run gso (the default) or per packet; ``gso``:
     then the gso runs over ``queues`` follow, beside the per-packet figures (--both); ``modes``:
-    raw input, sent once in each codec mode (the paper's mark and the scaled one)."""
+    raw input, sent once in each codec mode (the paper's mark and the scaled one); ``ipv6``: each
+    round also sends the untagged and tagged streams over IPv6, through the same daemons."""
     label = f"{rate or 'unshaped'} MTU {mtu}"
     log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged"
         + (f" + tagged under a {flood_pps:.0f} SYN/s flood" if flood_pps else "") + " ...")
     res = {"rate": rate, "mtu": mtu, "bytes": nbytes * reps, "raw_gbps": [], "nic_gbps": [], "accept_only_gbps": [],
            "flood_gbps": [], "flood_pps": flood_pps, "flood_sent": 0, "gso_gbps": [],
-           "path": "gso" if path_gso else "per-packet"}
+           "path": "gso" if path_gso else "per-packet", "raw6_gbps": [], "nic6_gbps": []}
     for mode in ("raw", "nic", "gso"):
         res[mode + "_packets"] = res[mode + "_bytes"] = 0
     rate_bps = parse_rate(rate) if rate else None
     timeout = 600
     # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
-    with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name=f"bnic{os.getpid()}") as tb, ExitStack() as stack:
+    with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name=f"bnic{os.getpid()}", ipv6=ipv6) as tb, \
+            ExitStack() as stack:
         h1, h2 = tb.hosts[:2]
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
@@ -243,6 +247,18 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
             busy += time.perf_counter() - t0
             log(f"{label} round {r + 1}: untagged {res['raw_gbps'][-1]:.3f} Gbit/s, soft NIC ({res['path']}) "
                 f"{res['nic_gbps'][-1]:.3f} Gbit/s")
+            if ipv6:  # the same streams over IPv6, right after: the two families side by side
+                c6 = [cpu_seconds(d.pid) for d in daemons]
+                for mode, tos in (("raw6", 0), ("nic6", TOS_TAGGED)):
+                    b0 = read_stats(socks[0])
+                    t = transfer(h1, h2, path, reps, tos, timeout, streams=streams, ipv6=True)
+                    res[mode + "_gbps"].append(8 * t["bytes"] / t["seconds"] / 1e9)
+                    b1 = read_stats(socks[0])
+                    for k in ("egress_orig_bytes", "egress_wire_bytes", "egress_compressed"):
+                        res[f"{mode}_{k}"] = res.get(f"{mode}_{k}", 0) + b1[k] - b0[k]
+                cpu0 = [c0 + cpu_seconds(d.pid) - c for d, c0, c in zip(daemons, cpu0, c6)]  # CPU: IPv4 runs only
+                log(f"{label} round {r + 1}, IPv6: untagged {res['raw6_gbps'][-1]:.3f} Gbit/s, soft NIC "
+                    f"({res['path']}) {res['nic6_gbps'][-1]:.3f} Gbit/s")
             if flood_pps:
                 if r == 0:
                     before_flood, before_flood_tx = read_stats(socks[1]), read_stats(socks[0])
@@ -293,6 +309,9 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         res[mode + "_packets_per_mb"] = res[mode + "_packets"] / (res[mode + "_bytes"] / 1e6) if res[mode + "_bytes"] else None
     res["raw"] = statistics.median(res["raw_gbps"])
     res["nic"] = statistics.median(res["nic_gbps"])
+    if ipv6:
+        res["raw6"], res["nic6"] = statistics.median(res["raw6_gbps"]), statistics.median(res["nic6_gbps"])
+        res["ratio6"] = res["nic6_egress_orig_bytes"] / max(1, res["nic6_egress_wire_bytes"])
     res["accept_only"] = statistics.median(res["accept_only_gbps"]) if res["accept_only_gbps"] else None
     res["flood"] = statistics.median(res["flood_gbps"]) if res["flood_gbps"] else None
     if rate_bps:
@@ -363,6 +382,25 @@ def print_gso_report(r: dict) -> None:
           "the machine's cores here.")
 
 
+def print_ipv6_report(r: dict) -> None:
+    links = [x for x in r["links"] if x.get("nic6_gbps")]
+    if not links:
+        return
+    span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
+    print(f"\nIPv4 beside IPv6 (--ipv6: each round sends both, through the same daemons, soft NIC {r['path']}); "
+          "Gbit/s of original payload, median [min-max]:")
+    print(f"{'link':<22}{'untagged v4':>20}{'untagged v6':>20}{'soft NIC v4':>20}{'soft NIC v6':>20}{'v6/v4':>7}"
+          f"{'ratio v6':>9}")
+    for x in links:
+        print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}"
+              f"{x['raw']:>7.3f}{span(x['raw_gbps']):>13}{x['raw6']:>7.3f}{span(x['raw6_gbps']):>13}"
+              f"{x['nic']:>7.3f}{span(x['nic_gbps']):>13}{x['nic6']:>7.3f}{span(x['nic6_gbps']):>13}"
+              f"{x['nic6'] / x['nic']:>7.2f}{x['ratio6']:>8.2f}x")
+    print("v6/v4 = soft NIC goodput over IPv6 / over IPv4 (medians); ratio v6 = original / wire payload bytes "
+          "the sender's daemon counted during the IPv6 tagged streams. The ratio above counts both families' "
+          "streams; CPU and wire packets only the IPv4 ones.")
+
+
 def print_flood_report(r: dict) -> None:
     links = [x for x in r["links"] if x.get("flood") is not None]
     if not links:
@@ -431,12 +469,14 @@ def run(args) -> int:
             report["links"].append(measure_link(rate, mtu, path, x.nbytes, reps, args.rounds, args.error_bound,
                                                 tmp, accept_only_too=rate is None, flood_pps=args.flood,
                                                 path_gso=path_gso, gso=args.both, queues=queues,
-                                                streams=args.streams, modes=args.input == "raw"))
+                                                streams=args.streams, modes=args.input == "raw",
+                                                ipv6=args.ipv6))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
         print_gso_report(report)
+        print_ipv6_report(report)
         print_flood_report(report)
         print_modes_report(report)
     return 0
@@ -479,6 +519,9 @@ def add_arguments(p) -> None:
                    help="gradients as the collective sends them (scaled per 64K bucket, default) or raw; "
                    "raw also sends the stream once in each codec mode (paper's, per-packet scaled) and "
                    "reports ratio and NMSE side by side")
+    p.add_argument("--ipv6", action="store_true",
+                   help="also send every round's streams over IPv6 (2001:2::/64) and report both families "
+                   "side by side")
     p.add_argument("--megabytes", type=float, default=50,
                    help="stream size at 100 Mbit (scaled up with the rate; default 50)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per link (default 3)")

@@ -5,7 +5,8 @@
   python -m inceptionn.bench.stream_peer send ADDR PORT FILE REPS TOS
 
 The receiver times from the first byte to the end of the stream (goodput as the application
-sees it); the sender marks its socket with TOS before connecting, as the shim would.
+sees it); the sender marks its socket with TOS before connecting, as the shim would (the IPv6
+traffic class for an IPv6 ADDR).
 """
 import json
 import socket
@@ -13,8 +14,12 @@ import sys
 import time
 
 
+def family(addr: str) -> int:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
 def recv(addr: str, port: int, out: str | None = None) -> None:
-    srv = socket.socket()
+    srv = socket.socket(family(addr))
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((addr, port))
     srv.listen(1)
@@ -39,8 +44,10 @@ def recv(addr: str, port: int, out: str | None = None) -> None:
 
 def send(addr: str, port: int, path: str, reps: int, tos: int) -> None:
     data = open(path, "rb").read()
-    s = socket.socket()
-    if tos:
+    s = socket.socket(family(addr))
+    if tos and family(addr) == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+    elif tos:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
     s.connect((addr, port))
     for _ in range(reps):

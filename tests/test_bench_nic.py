@@ -28,6 +28,26 @@ def test_default_measures_the_daemons_default_gso(no_leaks, capsys):
 
 
 @needs_root
+def test_ipv6_beside_ipv4(no_leaks, capsys):
+    """--ipv6: each round's streams also over IPv6, through the same daemons, compressed there too
+    (the sender's counters during the IPv6 tagged streams alone), and a table of both families."""
+    from inceptionn.cli import main
+    rc = main(["bench", "nic", "--links", "unshaped@1500", "--ipv6", "--rounds", "1", "--megabytes", "1",
+               "--captures", "2"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "IPv4 beside IPv6" in out, out
+    rc = main(["bench", "nic", "--links", "unshaped@9000", "--no-gso", "--ipv6", "--rounds", "1", "--megabytes", "1",
+               "--captures", "2", "--json"])
+    assert rc == 0
+    link = json.loads(capsys.readouterr().out)["links"][0]
+    assert len(link["nic6_gbps"]) == len(link["raw6_gbps"]) == 1 and link["nic6"] > 0
+    assert link["nic6_egress_compressed"] > 0 and link["ratio6"] > 3, link
+    assert link["raw6_egress_compressed"] == 0  # untagged IPv6 left alone
+    assert link["drops"] == {}, link
+
+
+@needs_root
 def test_both_paths_gso_with_one_and_two_queues(no_leaks, capsys):
     from inceptionn.cli import main
     rc = main(["bench", "nic", "--links", "unshaped@1500", "--both", "--queues", "1,2", "--streams", "2",
