@@ -321,6 +321,14 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     return res
 
 
+def span(v: list) -> str:
+    return f"[{min(v):.3f}-{max(v):.3f}]"
+
+
+def link_label(x: dict) -> str:
+    return f"{x['rate'] or 'unshaped'} MTU {x['mtu']}"
+
+
 def per_gb(x: dict) -> str:
     """Daemon CPU seconds per GB of original payload, sender / receiver."""
     return f"{x['sender_s_per_gb']:.2f}/{x['receiver_s_per_gb']:.2f}" if "sender_s_per_gb" in x else "-"
@@ -335,8 +343,7 @@ def print_report(r: dict) -> None:
     for x in r["links"]:
         if not x.get("rate"):
             continue
-        span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
-        print(f"{x['rate'] + ' MTU ' + str(x['mtu']):<22}{x['raw']:>7.3f}{span(x['raw_gbps']):>9}"
+        print(f"{link_label(x):<22}{x['raw']:>7.3f}{span(x['raw_gbps']):>9}"
               f"{x['nic']:>8.3f}{span(x['nic_gbps']):>12}{x['ratio']:>7.2f}x{x['ideal_gbps']:>8.3f}"
               f"{100 * x['of_ideal']:>8.0f}%{100 * x['sender_cpu']:>6.0f}/{100 * x['receiver_cpu']:.0f}%"
               f"{per_gb(x):>16}")
@@ -359,7 +366,6 @@ def print_gso_report(r: dict) -> None:
     links = [x for x in r["links"] if x.get("gso_runs")]
     if not links:
         return
-    span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
     print(f"\nGSO fast path (nicd --gso on both hosts, {r.get('streams', 1)} stream(s)) beside the per-packet soft NIC; "
           "Gbit/s of original payload, median [min-max]; data packets on the receiver's wire per MB of payload:")
     print(f"{'link':<22}{'soft NIC':>20}{'q':>3}{'--gso':>20}{'ratio':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
@@ -368,7 +374,7 @@ def print_gso_report(r: dict) -> None:
         for g in x["gso_runs"]:
             ideal = f"{100 * g['of_ideal']:.0f}%" if g.get("of_ideal") else "-"
             per_mb = g["packets"] / (g["bytes"] / 1e6)
-            print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>13}"
+            print(f"{link_label(x):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>13}"
                   f"{g['queues']:>3}{g['gbps_median']:>7.3f}{span(g['gbps']):>13}{g['ratio']:>7.2f}x{ideal:>9}"
                   f"{100 * g['sender_cpu']:>6.0f}/{100 * g['receiver_cpu']:.0f}%"
                   f"{g['sender_s_per_gb']:>11.2f}/{g['receiver_s_per_gb']:.2f}"
@@ -386,13 +392,12 @@ def print_ipv6_report(r: dict) -> None:
     links = [x for x in r["links"] if x.get("nic6_gbps")]
     if not links:
         return
-    span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
     print(f"\nIPv4 beside IPv6 (--ipv6: each round sends both, through the same daemons, soft NIC {r['path']}); "
           "Gbit/s of original payload, median [min-max]:")
     print(f"{'link':<22}{'untagged v4':>20}{'untagged v6':>20}{'soft NIC v4':>20}{'soft NIC v6':>20}{'v6/v4':>7}"
           f"{'ratio v6':>9}")
     for x in links:
-        print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}"
+        print(f"{link_label(x):<22}"
               f"{x['raw']:>7.3f}{span(x['raw_gbps']):>13}{x['raw6']:>7.3f}{span(x['raw6_gbps']):>13}"
               f"{x['nic']:>7.3f}{span(x['nic_gbps']):>13}{x['nic6']:>7.3f}{span(x['nic6_gbps']):>13}"
               f"{x['nic6'] / x['nic']:>7.2f}{x['ratio6']:>8.2f}x")
@@ -409,13 +414,12 @@ def print_flood_report(r: dict) -> None:
           "sources, to the stream's port); Gbit/s of original payload, median [min-max]:")
     print(f"{'link':<22}{'quiet':>16}{'flood':>20}{'flood/quiet':>13}{'link share':>12}{'SYNs sent':>11}"
           f"{'counted':>9}{'evicted':>9}{'raw tx':>8}")
-    span = lambda v: f"[{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
 
     def share(x):  # of the receiver's link the flood takes: what it leaves the stream at best
         return f"{100 * x['flood_pps'] * SYN_FRAME_BITS / (x['rate_gbps'] * 1e9):.1f}%" if x.get("rate_gbps") else "-"
     for x in links:
         c = x["flood_counted"]
-        print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>9}"
+        print(f"{link_label(x):<22}{x['nic']:>7.3f}{span(x['nic_gbps']):>9}"
               f"{x['flood']:>8.3f}{span(x['flood_gbps']):>12}{100 * x['flood'] / x['nic']:>12.0f}%"
               f"{share(x):>12}{x['flood_sent']:>11}{c['hello_received']:>9}{c['hello_evicted']:>9}{c['sender_raw_not_negotiated']:>8}")
     print("link share = the flood's part of the receiver's link (76-byte hello SYNs in Ethernet frames): "
@@ -491,7 +495,7 @@ def print_modes_report(r: dict) -> None:
     print(f"{'link':<22}{'path':<12}{'mode':<8}{'Gbit/s':>8}{'ratio':>8}{'NMSE':>9}")
     for x in links:
         for m in x["modes"]:
-            print(f"{(x['rate'] or 'unshaped') + ' MTU ' + str(x['mtu']):<22}{'gso' if m['gso'] else 'per packet':<12}"
+            print(f"{link_label(x):<22}{'gso' if m['gso'] else 'per packet':<12}"
                   f"{m['mode']:<8}{m['gbps']:>8.3f}{m['ratio']:>7.2f}x{m['nmse']:>9.4f}")
     print("NMSE = sum((received - sent)^2) / sum(sent^2) over the whole stream; ratio = original / wire "
           "payload bytes of the tagged packets, as the sender's daemon counted them.")
