@@ -209,9 +209,10 @@ def transfer(h_send, h_recv, data: bytes, tmp_path, **kw) -> bytes:
 
 def assert_restored_or_raw(got: bytes, original: bytes, want: bytes, raw_bytes: int, what="stream"):
     """Where TCP re-cuts segments (loss, reordering, load), a piece too short to shrink leaves raw
-    and arrives as the original bytes (the never-bigger rule): every byte is the reconstruction's
-    or the original's, and no more bytes differ from the reconstruction than the sender's daemon
-    counted as sent raw (egress_raw_bytes). A byte that is neither is corruption."""
+    and arrives as the original bytes (the never-bigger rule), and so do the bytes of a float that
+    a segment boundary cuts: every byte is the reconstruction's or the original's, and no more
+    bytes differ from the reconstruction than were sent raw (``raw_bytes``, from raw_sent). A byte
+    that is neither is corruption."""
     assert len(got) == len(want) == len(original), f"{what}: {len(got)} bytes arrived, {len(want)} expected"
     if got == want:
         return
@@ -256,6 +257,23 @@ def add_counting_rule(host, name, *match, family=4):
               "-m", "comment", "--comment", f"nt-{name}"], check=True)
 
 
+TIERS = ("tier0", "tier8", "tier16", "tier32")  # values sent compressed, by tier
+
+
+def count_raw_tagged(host, family=4):
+    """Before the daemons start (so the rule stays ahead of theirs): counts the packets tagged 0x28
+    that reach ``host`` as they were sent, raw. See raw_sent."""
+    add_counting_rule(host, "rawtagged", "-p", "tcp", "-m", "dscp", "--dscp", "10", family=family)
+
+
+def raw_sent(host, sender_counters, family=4) -> int:
+    """The most bytes that may arrive at ``host`` as the original: every byte of the tagged packets
+    that arrived raw, whoever left them raw (the sender's daemon; its rules, for a segment too short
+    to queue; the kernel, failing open on a full queue), headers included, plus the cut floats that
+    compressed packets carried raw (the sender's egress_raw_edge_bytes)."""
+    return rule_counts(host, "rawtagged", family=family)[1] + sender_counters["egress_raw_edge_bytes"]
+
+
 def rule_counts(host, name, table="raw", family=4) -> tuple[int, int]:
     r = host.run([f"{xtables(family)}-save", "-c", "-t", table], capture_output=True, text=True, check=True)
     for line in r.stdout.splitlines():
@@ -275,14 +293,16 @@ def test_tagged_stream_equals_reconstruction(tmp_path, small, k):
     with make_testbed() as tb:
         h1, h2 = tb.hosts
         add_counting_rule(h2, "compressed", "-p", "tcp", "-m", "dscp", "--dscp", "11")
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, "--error-bound", k) as d1, \
                 running_nicd(h2, tmp_path, "--error-bound", k) as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path)
             s1, c2 = stats(d1.sock), d2.counters()
         on_wire = rule_counts(h2, "compressed")[0]
+        raw = raw_sent(h2, s1["counters"])
     c1 = s1["counters"]
     assert s1["config"]["error_bound"] == k
-    assert_restored_or_raw(got, small.tobytes(), want.tobytes(), c1["egress_raw_bytes"], f"error bound 2^{k}")
+    assert_restored_or_raw(got, small.tobytes(), want.tobytes(), raw, f"error bound 2^{k}")
     assert c1["egress_compressed"] > 0
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c2["ingress_restored"] == c1["egress_compressed"]
@@ -369,11 +389,14 @@ def test_unaligned_segments_and_odd_tail(tmp_path, small, mss, family):
     differ = np.flatnonzero(g != w)
     assert (g[differ] == o[differ]).all(), \
         f"{(g[differ] != o[differ]).sum()} values are neither the reconstruction nor the original"
-    compressed_words = c1["tier0"] + c1["tier8"] + c1["tier16"] + c1["tier32"]
+    compressed_words = sum(c1[t] for t in TIERS)
     straddling = x.size - compressed_words  # words that went raw in a head or tail
     assert straddling <= c1["egress_compressed"] + c1["egress_raw_bytes"] // 4 + 1
     assert differ.size <= straddling, (differ.size, straddling)
     assert straddling > 0, "no segment started inside a float: MSS had no effect"
+    # what the compressed packets carried: whole floats through the codec, cut ones raw
+    assert c1["egress_orig_bytes"] == 4 * compressed_words + c1["egress_raw_edge_bytes"], c1
+    assert c1["egress_raw_edge_bytes"] > 0
     assert c1["egress_compressed"] > 100
     assert c2["ingress_restored"] == c1["egress_compressed"]
 
@@ -390,12 +413,16 @@ def test_random_loss(tmp_path, small):
         h2.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
                 "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path)
             c1, c2 = d1.counters(), d2.counters()
         lost = rule_counts(h2, "loss")[0]
+        raw = raw_sent(h2, c1)
     assert lost > 0, "the loss rule dropped nothing"
-    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), c1["egress_raw_bytes"], "with 5% loss")
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "with 5% loss")
+    # retransmissions counted like first sends: whole floats through the codec, cut ones raw
+    assert c1["egress_orig_bytes"] == 4 * sum(c1[t] for t in TIERS) + c1["egress_raw_edge_bytes"], c1
     assert c1["egress_compressed"] > c2["ingress_restored"] > 0  # some compressed packets were lost
     assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import test_nicd
-from test_nicd import (INC, add_counting_rule, assert_restored_or_raw, assert_words_equal, make_testbed, recon,
-                       rule_counts, running_nicd, transfer)
+from test_nicd import (INC, TIERS, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+                       make_testbed, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
@@ -117,22 +117,24 @@ def test_super_packet_that_does_not_compress_is_left_whole():
 
 def wire_run(tmp_path, x, mtu, *flags, tag=""):
     """One tagged transfer h1 -> h2 with nicd (and ``flags``) on both; returns what arrived, both
-    daemons' counters and the data packets h2 saw arrive from h1 (counted on its wire side)."""
+    daemons' counters, the data packets h2 saw arrive from h1 (counted on its wire side), the
+    compressed ones among them, and the bytes that may have arrived as the original (raw_sent)."""
     with make_testbed(mtu=mtu) as tb:
         h1, h2 = tb.hosts
         add_counting_rule(h2, "data", "-s", h1.ip, "-p", "tcp", "-m", "length", "--length", "100:65535")
         add_counting_rule(h2, "compressed", "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11")
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, *flags, tag=tag) as d1, running_nicd(h2, tmp_path, *flags, tag=tag) as d2:
             got = transfer(h1, h2, x.tobytes(), tmp_path)
             c1, c2 = d1.counters(), d2.counters()
-        return got, c1, c2, rule_counts(h2, "data")[0], rule_counts(h2, "compressed")[0]
+        return got, c1, c2, rule_counts(h2, "data")[0], rule_counts(h2, "compressed")[0], raw_sent(h2, c1)
 
 
 @pytest.mark.parametrize("mtu", [1500, 9000])
 def test_gso_stream_equals_reconstruction_with_fewer_packets(tmp_path, small, mtu):
     want = recon(small, -10).tobytes()
-    got, c1, c2, packets, compressed = wire_run(tmp_path, small, mtu, "--gso", tag="gso")
-    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], f"gso, MTU {mtu}")
+    got, c1, c2, packets, compressed, raw = wire_run(tmp_path, small, mtu, "--gso", tag="gso")
+    assert_restored_or_raw(got, small.tobytes(), want, raw, f"gso, MTU {mtu}")
     assert c1["gso_super_packets"] > 0, c1
     assert c1["gso_send_errors"] == 0, c1
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
@@ -146,8 +148,8 @@ def test_gso_stream_equals_reconstruction_with_fewer_packets(tmp_path, small, mt
         assert c2[key] == 0, (key, c2)
 
     # the same stream without gso: one compressed packet per MSS segment
-    got0, c1_0, _, packets0, _ = wire_run(tmp_path, small, mtu, "--no-gso", tag="plain")
-    assert_restored_or_raw(got0, small.tobytes(), want, c1_0["egress_raw_bytes"], f"no gso, MTU {mtu}")
+    got0, c1_0, _, packets0, _, raw0 = wire_run(tmp_path, small, mtu, "--no-gso", tag="plain")
+    assert_restored_or_raw(got0, small.tobytes(), want, raw0, f"no gso, MTU {mtu}")
     assert c1_0["gso_super_packets"] == 0
     print(f"MTU {mtu}: {packets / small.nbytes * 1e6:.0f} data packets per MB with gso, "
           f"{packets0 / small.nbytes * 1e6:.0f} without")
@@ -162,15 +164,17 @@ def test_gso_random_loss(tmp_path, small):
         h2.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
                 "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path)
             c1, c2 = d1.counters(), d2.counters()
             said = subprocess.run([INC, "stats", "--socket", str(d1.sock)], capture_output=True, text=True,
                                   timeout=20).stdout
         lost = rule_counts(h2, "loss")[0]
+        raw = raw_sent(h2, c1)
     assert lost > 0, "the loss rule dropped nothing"
-    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), c1["egress_raw_bytes"],
-                           "gso with 5% loss")
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "gso with 5% loss")
+    assert c1["egress_orig_bytes"] == 4 * sum(c1[t] for t in TIERS) + c1["egress_raw_edge_bytes"], c1
     assert c1["gso_super_packets"] > 0
     assert c1["egress_compressed"] > c2["ingress_restored"] > 0
     assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
@@ -198,13 +202,14 @@ def test_gso_reordering(tmp_path, small):
                      "--mode", "random", "--probability", "0.1", "-j", "CLASSIFY", "--set-class", "1:20"]):
             h1.run(cmd, check=True, capture_output=True)
         ofo0 = tcp_ext(h2, "TCPOFOQueue")
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path)
             c1, c2 = d1.counters(), d2.counters()
         ofo = tcp_ext(h2, "TCPOFOQueue") - ofo0
+        raw = raw_sent(h2, c1)
     assert ofo > 0, "nothing arrived out of order"
-    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), c1["egress_raw_bytes"],
-                           "gso with reordering")
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "gso with reordering")
     assert c1["gso_super_packets"] > 0
     assert c2["ingress_restored"] > 0 and all(c2[k] == 0 for k in DROPS), c2
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 
 import numpy as np
 import pytest
 
-from test_nicd import (Transfer, add_counting_rule, assert_restored_or_raw, assert_words_equal, make_testbed, recon,
-                       rule_counts, running_nicd, transfer)
+from test_nicd import (Transfer, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+                       make_testbed, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big",
@@ -355,11 +354,13 @@ def test_ipv6_stream_compressed(tmp_path, small, mode):
     with make_testbed(mtu=1500, ipv6=True) as tb:
         h1, h2 = tb.hosts
         add_counting_rule(h2, "compressed6", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11", family=6)
+        count_raw_tagged(h2, family=6)
         with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
             c1, c2 = d1.counters(), d2.counters()
         on_wire = rule_counts(h2, "compressed6", family=6)[0]
-    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], f"IPv6, {mode}")
+        raw = raw_sent(h2, c1, family=6)
+    assert_restored_or_raw(got, small.tobytes(), want, raw, f"IPv6, {mode}")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["hello_sent"] >= 1 and c2["hello_received"] >= 1
     assert c1["egress_compressed"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
@@ -386,13 +387,14 @@ def test_ipv6_random_loss(tmp_path, small, mode):
         h2.run(["ip6tables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
                 "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
+        count_raw_tagged(h2, family=6)
         with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
             c1, c2 = d1.counters(), d2.counters()
         lost = rule_counts(h2, "loss", family=6)[0]
+        raw = raw_sent(h2, c1, family=6)
     assert lost > 0, "the loss rule dropped nothing"
-    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), c1["egress_raw_bytes"],
-                           "IPv6 with 5% loss")
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "IPv6 with 5% loss")
     assert c1["egress_compressed"] > c2["ingress_restored"] > 0
     assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
 
@@ -442,6 +444,8 @@ def test_dual_stack_flows_at_once(tmp_path, small, grads, mode):
         h1, h2 = tb.hosts
         add_counting_rule(h2, "c4", "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11")
         add_counting_rule(h2, "c6", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11", family=6)
+        count_raw_tagged(h2, family=4)
+        count_raw_tagged(h2, family=6)
         with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
             t4 = Transfer(h1, h2, x4.tobytes(), tmp_path, family=4)
             t6 = Transfer(h1, h2, x6.tobytes(), tmp_path, family=6)
@@ -452,8 +456,9 @@ def test_dual_stack_flows_at_once(tmp_path, small, grads, mode):
                 t6.close()
             c1, c2 = d1.counters(), d2.counters()
         on_wire4, on_wire6 = rule_counts(h2, "c4")[0], rule_counts(h2, "c6", family=6)[0]
-    assert_restored_or_raw(got4, x4.tobytes(), recon(x4, -10).tobytes(), c1["egress_raw_bytes"], "IPv4 flow")
-    assert_restored_or_raw(got6, x6.tobytes(), recon(x6, -10).tobytes(), c1["egress_raw_bytes"], "IPv6 flow")
+        raw4, raw6 = raw_sent(h2, c1, family=4), raw_sent(h2, c1, family=6)  # (the edge bytes are both flows')
+    assert_restored_or_raw(got4, x4.tobytes(), recon(x4, -10).tobytes(), raw4, "IPv4 flow")
+    assert_restored_or_raw(got6, x6.tobytes(), recon(x6, -10).tobytes(), raw6, "IPv6 flow")
     assert c1["flows_negotiated"] == 2 and c2["flows_negotiated"] == 2
     assert on_wire4 > 0 and on_wire6 > 0, (on_wire4, on_wire6)
     assert c1["egress_orig_bytes"] > 0.9 * (x4.nbytes + x6.nbytes)
@@ -477,11 +482,13 @@ def test_ipv6_gso_cuts_to_the_route_mtu(tmp_path, small):
         add_counting_rule(h2, "big", "-s", h1.ip6, "-m", "length", "--length", "1281:65535", family=6)
         add_counting_rule(h2, "near", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11",
                           "-m", "length", "--length", "1200:1280", family=6)
+        count_raw_tagged(h2, family=6)
         with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
             got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
             c1, c2 = d1.counters(), d2.counters()
         big, near = rule_counts(h2, "big", family=6)[0], rule_counts(h2, "near", family=6)[0]
-    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], "IPv6 at a 1280-byte path MTU")
+        raw = raw_sent(h2, c1, family=6)
+    assert_restored_or_raw(got, small.tobytes(), want, raw, "IPv6 at a 1280-byte path MTU")
     assert big == 0, f"{big} packets over the path MTU arrived"
     assert near > 0.5 * c1["egress_compressed"], (near, c1["egress_compressed"])
     assert c1["gso_super_packets"] > 0 and c1["gso_send_errors"] == 0
@@ -546,6 +553,7 @@ def test_ipv6_gso_recuts_when_the_path_mtu_falls(tmp_path, small):
     want = recon(small, -10).tobytes()
     with make_testbed(mtu=1500, ipv6=True) as tb:
         h1, h2 = tb.hosts
+        count_raw_tagged(h2, family=6)
         with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
             t = Transfer(h1, h2, small.tobytes(), tmp_path, family=6, pause_at=1 << 20)
             try:
@@ -561,7 +569,8 @@ def test_ipv6_gso_recuts_when_the_path_mtu_falls(tmp_path, small):
                 t.close()
             c1, c2 = d1.counters(), d2.counters()
         big = rule_counts(h2, "big", family=6)[0]
-    assert_restored_or_raw(got, small.tobytes(), want, c1["egress_raw_bytes"], "IPv6, path MTU 1500 -> 1280")
+        raw = raw_sent(h2, c1, family=6)
+    assert_restored_or_raw(got, small.tobytes(), want, raw, "IPv6, path MTU 1500 -> 1280")
     assert big == 0, f"{big} packets over the new path MTU arrived"
     assert c1["gso_send_errors"] == 0 and c1["gso_super_packets"] > 0
     assert c2["ingress_restored"] == c1["egress_compressed"]
