@@ -274,6 +274,17 @@ def raw_sent(host, sender_counters, family=4) -> int:
     return rule_counts(host, "rawtagged", family=family)[1] + sender_counters["egress_raw_edge_bytes"]
 
 
+def nicd_transfer(h1, h2, data: bytes, tmp_path, *flags, family=4, tag="", **kw):
+    """``data`` h1 -> h2 on a tagged connection, nicd (with ``flags``) running on both hosts:
+    returns what arrived, both daemons' counters and raw_sent's bound. Rules the caller added to
+    h2 before stay ahead of the daemons'."""
+    count_raw_tagged(h2, family)
+    with running_nicd(h1, tmp_path, *flags, tag=tag) as d1, running_nicd(h2, tmp_path, *flags, tag=tag) as d2:
+        got = transfer(h1, h2, data, tmp_path, family=family, **kw)
+        c1, c2 = d1.counters(), d2.counters()
+    return got, c1, c2, raw_sent(h2, c1, family)
+
+
 def rule_counts(host, name, table="raw", family=4) -> tuple[int, int]:
     r = host.run([f"{xtables(family)}-save", "-c", "-t", table], capture_output=True, text=True, check=True)
     for line in r.stdout.splitlines():
@@ -413,12 +424,8 @@ def test_random_loss(tmp_path, small):
         h2.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
                 "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
-        count_raw_tagged(h2)
-        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            got = transfer(h1, h2, small.tobytes(), tmp_path)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path)
         lost = rule_counts(h2, "loss")[0]
-        raw = raw_sent(h2, c1)
     assert lost > 0, "the loss rule dropped nothing"
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "with 5% loss")
     # retransmissions counted like first sends: whole floats through the codec, cut ones raw

@@ -18,7 +18,7 @@ import pytest
 
 import test_nicd
 from test_nicd import (INC, TIERS, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
-                       make_testbed, raw_sent, recon, rule_counts, running_nicd, transfer)
+                       make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
@@ -123,11 +123,8 @@ def wire_run(tmp_path, x, mtu, *flags, tag=""):
         h1, h2 = tb.hosts
         add_counting_rule(h2, "data", "-s", h1.ip, "-p", "tcp", "-m", "length", "--length", "100:65535")
         add_counting_rule(h2, "compressed", "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11")
-        count_raw_tagged(h2)
-        with running_nicd(h1, tmp_path, *flags, tag=tag) as d1, running_nicd(h2, tmp_path, *flags, tag=tag) as d2:
-            got = transfer(h1, h2, x.tobytes(), tmp_path)
-            c1, c2 = d1.counters(), d2.counters()
-        return got, c1, c2, rule_counts(h2, "data")[0], rule_counts(h2, "compressed")[0], raw_sent(h2, c1)
+        got, c1, c2, raw = nicd_transfer(h1, h2, x.tobytes(), tmp_path, *flags, tag=tag)
+        return got, c1, c2, rule_counts(h2, "data")[0], rule_counts(h2, "compressed")[0], raw
 
 
 @pytest.mark.parametrize("mtu", [1500, 9000])
@@ -202,12 +199,8 @@ def test_gso_reordering(tmp_path, small):
                      "--mode", "random", "--probability", "0.1", "-j", "CLASSIFY", "--set-class", "1:20"]):
             h1.run(cmd, check=True, capture_output=True)
         ofo0 = tcp_ext(h2, "TCPOFOQueue")
-        count_raw_tagged(h2)
-        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
-            got = transfer(h1, h2, small.tobytes(), tmp_path)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso")
         ofo = tcp_ext(h2, "TCPOFOQueue") - ofo0
-        raw = raw_sent(h2, c1)
     assert ofo > 0, "nothing arrived out of order"
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "gso with reordering")
     assert c1["gso_super_packets"] > 0

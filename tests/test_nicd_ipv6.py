@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from test_nicd import (Transfer, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
-                       make_testbed, raw_sent, recon, rule_counts, running_nicd, transfer)
+                       make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big",
@@ -354,12 +354,8 @@ def test_ipv6_stream_compressed(tmp_path, small, mode):
     with make_testbed(mtu=1500, ipv6=True) as tb:
         h1, h2 = tb.hosts
         add_counting_rule(h2, "compressed6", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11", family=6)
-        count_raw_tagged(h2, family=6)
-        with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
-            got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *MODES[mode], family=6)
         on_wire = rule_counts(h2, "compressed6", family=6)[0]
-        raw = raw_sent(h2, c1, family=6)
     assert_restored_or_raw(got, small.tobytes(), want, raw, f"IPv6, {mode}")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["hello_sent"] >= 1 and c2["hello_received"] >= 1
@@ -387,12 +383,8 @@ def test_ipv6_random_loss(tmp_path, small, mode):
         h2.run(["ip6tables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
                 "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
-        count_raw_tagged(h2, family=6)
-        with running_nicd(h1, tmp_path, *MODES[mode]) as d1, running_nicd(h2, tmp_path, *MODES[mode]) as d2:
-            got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *MODES[mode], family=6)
         lost = rule_counts(h2, "loss", family=6)[0]
-        raw = raw_sent(h2, c1, family=6)
     assert lost > 0, "the loss rule dropped nothing"
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "IPv6 with 5% loss")
     assert c1["egress_compressed"] > c2["ingress_restored"] > 0
@@ -482,12 +474,8 @@ def test_ipv6_gso_cuts_to_the_route_mtu(tmp_path, small):
         add_counting_rule(h2, "big", "-s", h1.ip6, "-m", "length", "--length", "1281:65535", family=6)
         add_counting_rule(h2, "near", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11",
                           "-m", "length", "--length", "1200:1280", family=6)
-        count_raw_tagged(h2, family=6)
-        with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
-            got = transfer(h1, h2, small.tobytes(), tmp_path, family=6)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", family=6)
         big, near = rule_counts(h2, "big", family=6)[0], rule_counts(h2, "near", family=6)[0]
-        raw = raw_sent(h2, c1, family=6)
     assert_restored_or_raw(got, small.tobytes(), want, raw, "IPv6 at a 1280-byte path MTU")
     assert big == 0, f"{big} packets over the path MTU arrived"
     assert near > 0.5 * c1["egress_compressed"], (near, c1["egress_compressed"])
