@@ -318,13 +318,6 @@ static int split_payload(size_t plen, uint32_t stream_off, size_t *head, size_t 
     return *n != 0;
 }
 
-size_t nicd_raw_ends(size_t payload_len, uint32_t stream_off)
-{
-    size_t head, n, tail;
-    split_payload(payload_len, stream_off, &head, &n, &tail);
-    return head + tail;
-}
-
 /* Codec 2 (docs/wire-format.md, "Scaled codec"): the power of two 2^x that brings the largest
  * finite magnitude of v into [0.5, 1), where the codec keeps its precision. x is clamped to
  * [-NICD_SCALE_MAX, NICD_SCALE_MAX], so 2^x and 2^-x are normal floats; 0 when no value is

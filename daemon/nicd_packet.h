@@ -144,10 +144,6 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
                                   size_t *seg_len, int *nsegs, int max_segs, float *scratch, uint8_t *stream,
                                   size_t stream_cap, uint64_t *tiers);
 
-/* Bytes a compressed form of this payload carries raw: the partial floats at its two ends, where a
- * segment boundary cut a float (rule 2). They arrive as the original, not the reconstruction. */
-size_t nicd_raw_ends(size_t payload_len, uint32_t stream_off);
-
 /* Codec 2's scale: the exponent x for v (largest finite magnitude times 2^x in [0.5, 1), clamped
  * to +-NICD_SCALE_MAX; 0 if none is finite and non-zero), and v *= 2^x on finite values only. */
 int nicd_scale_exponent(const float *v, size_t n);

@@ -770,7 +770,6 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
     COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
     COUNT(cx, GSO_SUPER_PACKETS, 1);
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
-    COUNT(cx, EGRESS_RAW_EDGE_BYTES, nicd_raw_ends(p->payload_len, p->seq - isn - 1)); /* first, last segment */
     count_tiers(cx, tiers);
     verdict(id, NF_DROP, NULL, 0, cx);
 }
@@ -927,7 +926,6 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     }
     COUNT(cx, EGRESS_COMPRESSED, 1);
     COUNT(cx, EGRESS_ORIG_BYTES, p.payload_len);
-    COUNT(cx, EGRESS_RAW_EDGE_BYTES, nicd_raw_ends(p.payload_len, p.seq - isn - 1));
     COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - p.payload_off);
     count_tiers(cx, tiers);
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);

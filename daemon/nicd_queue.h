@@ -65,9 +65,7 @@
     X(EGRESS_RAW_EXT_HEADER, "tagged IPv6 packets with an extension header before TCP, sent raw " \
                              "(never transformed)")                                              \
     X(DROP_EXT_HEADER, "IPv6 packets marked compressed with an extension header before TCP "     \
-                       "(no soft NIC sends one), dropped")                                   \
-    X(EGRESS_RAW_EDGE_BYTES, "bytes of floats cut by a segment boundary, carried raw at the ends " \
-                             "of compressed packets (they arrive as the original)")
+                       "(no soft NIC sends one), dropped")
 
 #define NICD_C_ENUM_(name, help) NICD_C_##name,
 enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };

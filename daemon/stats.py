@@ -157,6 +157,13 @@ def read(path: str, timeout: float = 3.0) -> dict:
         raise UserError(f"nicd at {path} went away before it answered (stopping?)") from None
 
 
+def raw_edge_bytes(c: dict) -> int:
+    """Bytes that compressed packets carried raw: the floats a segment boundary cut (wire format
+    rule 2). A compressed payload is head + 4 x its values + tail, and the tier counters count
+    those values, so this is what the payload counters leave over."""
+    return c["egress_orig_bytes"] - 4 * (c["tier0"] + c["tier8"] + c["tier16"] + c["tier32"])
+
+
 def format_stats(s: dict) -> str:
     c = s["counters"]
     ratio = c["egress_orig_bytes"] / c["egress_wire_bytes"] if c["egress_wire_bytes"] else 0.0
@@ -170,7 +177,7 @@ def format_stats(s: dict) -> str:
         f"({c['egress_orig_bytes']} -> {c['egress_wire_bytes']} payload bytes, {ratio:.2f}x); raw: "
         f"{c['egress_raw_not_negotiated']} not negotiated, {c['egress_raw_not_smaller']} not smaller, "
         f"{c['egress_raw_short']} short, {c['egress_raw_ext_header']} IPv6 extension headers "
-        f"({c['egress_raw_bytes']} bytes; {c['egress_raw_edge_bytes']} bytes of cut floats raw in compressed packets)",
+        f"({c['egress_raw_bytes']} bytes; {raw_edge_bytes(c)} bytes of cut floats raw in compressed packets)",
         f"ingress: {c['ingress_packets']} packets, {c['ingress_restored']} restored "
         f"({c['ingress_wire_bytes']} -> {c['ingress_orig_bytes']} payload bytes)",
         "tiers  : " + ", ".join(f"{n} {100 * v / total:.1f}%" for n, v in zip(("0bit", "8bit", "16bit", "32bit"), tiers)),

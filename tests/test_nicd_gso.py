@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import test_nicd
-from test_nicd import (INC, TIERS, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+from test_nicd import (INC, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
                        make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
@@ -171,7 +171,6 @@ def test_gso_random_loss(tmp_path, small):
         raw = raw_sent(h2, c1)
     assert lost > 0, "the loss rule dropped nothing"
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "gso with 5% loss")
-    assert c1["egress_orig_bytes"] == 4 * sum(c1[t] for t in TIERS) + c1["egress_raw_edge_bytes"], c1
     assert c1["gso_super_packets"] > 0
     assert c1["egress_compressed"] > c2["ingress_restored"] > 0
     assert c2["drop_crc"] == c2["drop_checksum"] == c2["drop_header"] == 0
