@@ -13,9 +13,8 @@ import socket
 import sys
 import time
 
-
-def family(addr: str) -> int:
-    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+from ..collective.transport import address_family as family
+from ..shim.tagging import tag_socket
 
 
 def recv(addr: str, port: int, out: str | None = None) -> None:
@@ -45,10 +44,8 @@ def recv(addr: str, port: int, out: str | None = None) -> None:
 def send(addr: str, port: int, path: str, reps: int, tos: int) -> None:
     data = open(path, "rb").read()
     s = socket.socket(family(addr))
-    if tos and family(addr) == socket.AF_INET6:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
-    elif tos:
-        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    if tos:
+        tag_socket(s, tos)
     s.connect((addr, port))
     for _ in range(reps):
         s.sendall(data)

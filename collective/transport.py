@@ -165,7 +165,8 @@ def parse_endpoint(ep: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _family(addr: str) -> int:
+def address_family(addr: str) -> int:
+    """AF_INET6 for an IPv6 address literal, else AF_INET."""
     return socket.AF_INET6 if ":" in addr else socket.AF_INET
 
 
@@ -197,7 +198,7 @@ class Endpoint:
         self.timeout = timeout
         self.token: int | None = None
         self.world: int | None = None
-        fam = _family(bind_addr)
+        fam = address_family(bind_addr)
         self.listener = socket.socket(fam, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -306,7 +307,7 @@ def connect(endpoint: str, *, bind_addr: str | None, token: int, rank: int, peer
     deadline = time.monotonic() + connect_timeout
     delay = 0.02
     while True:
-        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+        sock = socket.socket(address_family(host), socket.SOCK_STREAM)
         try:
             if kind.tagged:
                 from ..shim.tagging import tag_socket

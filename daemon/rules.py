@@ -227,14 +227,25 @@ def ipv6_missing() -> str | None:
     if not Path("/proc/self/net/if_inet6").exists():  # /proc/self/net: visible under ProcSubset=pid
         return "the kernel has no IPv6 (ipv6.disable=1?)"
     r = _iptables("-t", "raw", "-S", "PREROUTING", check=False, family=6)
-    if r.returncode > 0 and "denied" not in r.stderr and "must be root" not in r.stderr:
+    if r.returncode > 0 and not _denied(r.stderr):
         return f"ip6tables cannot read its raw table: {_failure(r)}"
     return None
 
 
-def families() -> tuple[int, ...]:
-    """The address families whose rules exist here: IPv4 always, IPv6 unless ipv6_missing() names a reason."""
-    return FAMILIES if ipv6_missing() is None else (4,)
+def _denied(text: str) -> bool:
+    """An iptables error that means "not allowed here" (no CAP_NET_ADMIN), not a broken table."""
+    return "Permission denied" in text or "must be root" in text
+
+
+_ASK = object()
+
+
+def families(missing=_ASK) -> tuple[int, ...]:
+    """The address families whose rules exist here: IPv4 always, IPv6 unless ipv6_missing() names
+    a reason (pass its answer as ``missing`` when already asked: each asking runs ip6tables)."""
+    if missing is _ASK:
+        missing = ipv6_missing()
+    return FAMILIES if missing is None else (4,)
 
 
 def _queue_target(queues: range, bypass: bool) -> list[str]:
@@ -301,7 +312,7 @@ def install(cfg: NicdConfig) -> None:
                     describe(removed), cfg.queue_base)
     if (missing := ipv6_missing()) is not None:
         log.warning("IPv6 is not covered: %s; only IPv4 packets are compressed and restored", missing)
-    fams = FAMILIES if missing is None else (4,)
+    fams = families(missing)
     n = 0
     try:
         for family in fams:
@@ -416,12 +427,12 @@ def parse_listing(table: str, text: str, family: int = 4) -> list[Rule]:
     return found
 
 
-def list_ours() -> list[Rule]:
-    """Every rule nicd put in this network namespace, both families: all instances, and the
-    drops. A listing that fails is an error, never "no rules" (that once made a stop leave rules
-    and say done); only a family this namespace cannot have (families()) is not listed."""
+def list_ours(fams: tuple[int, ...] | None = None) -> list[Rule]:
+    """Every rule nicd put in this network namespace, in ``fams`` (default families()): all
+    instances, and the drops. A listing that fails is an error, never "no rules" (that once made
+    a stop leave rules and say done); only a family this namespace cannot have is not listed."""
     found = []
-    for family in families():
+    for family in families() if fams is None else fams:
         for table in TABLES:
             found += parse_listing(table, _iptables("-t", table, "-S", family=family).stdout, family)
     return found
@@ -455,12 +466,13 @@ def _remove_until_gone(select, attempts: int = 3) -> dict[int, int]:
     returns how many were deleted per family ({4: n, 6: n}; no 6 where IPv6 is missing, see
     describe()). Raises UserError if some stay (or no listing succeeds) after ``attempts``
     rounds: a failed -D or listing is retried, never taken for success."""
-    n, problem = dict.fromkeys(families(), 0), ""
+    fams = families()  # once: a later answer could name a family n has no count for
+    n, problem = dict.fromkeys(fams, 0), ""
     for attempt in range(attempts):
         if attempt:
             time.sleep(0.2 * attempt)
         try:
-            left = [r for r in list_ours() if select(r)]
+            left = [r for r in list_ours(fams) if select(r)]
         except UserError as exc:
             problem = str(exc)
             continue
@@ -542,6 +554,6 @@ def probe_status(output: str) -> ProbeStatus:
         if name == "queues":
             bound = parse_bound(body)
         elif name in TABLES and family in ("4", "6"):
-            denied |= "Permission denied" in body or "you must be root" in body
+            denied |= _denied(body)
             rules += parse_listing(name, body, int(family))
     return ProbeStatus(denied, rules, bound)

@@ -190,8 +190,7 @@ def parse_args(rest: list[str]) -> Options:
     if "--btl-ports" in values:
         opts.btl_ports = _port_range(values["--btl-ports"], "--btl-ports")
     opts.compress_allreduce = bool(values.get("--compress-allreduce"))
-    allreduce_opts = [o for o in ("--allreduce-mode", "--allreduce-min-count", "--allreduce-error-bound",
-                                  "--allreduce-error-feedback") if o in values]
+    allreduce_opts = [o for o in OPTIONS if o.startswith("--allreduce-") and o in values]
     if allreduce_opts and not opts.compress_allreduce:
         raise UserError(f"{allreduce_opts[0]} goes with --compress-allreduce")
     if "--allreduce-mode" in values:
