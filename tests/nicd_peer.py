@@ -40,7 +40,6 @@ import time
 
 
 TCP_MD5SIG = 14  # linux/tcp.h
-IPV6_DSTOPTS = 59  # linux/in6.h
 
 
 def tcp_socket(addr: str) -> socket.socket:
@@ -106,7 +105,7 @@ def send(a):
         set_md5(s, a.md5_peer)
     set_tos(s, a.tos)
     if a.dstopts:  # every packet of the connection carries an (empty) destination-options header
-        s.setsockopt(socket.IPPROTO_IPV6, IPV6_DSTOPTS, bytes([0, 0, 1, 4, 0, 0, 0, 0]))  # PadN of 4
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_DSTOPTS, bytes([0, 0, 1, 4, 0, 0, 0, 0]))  # PadN of 4
     if a.mss:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
     if a.mark is not None:

@@ -273,6 +273,15 @@ def raw_sent(host, sender_counters, family=4) -> int:
     return rule_counts(host, "rawtagged", family=family)[1] + raw_edge_bytes(sender_counters)
 
 
+DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
+DROPS6 = DROPS + ("drop_ext_header",)  # IPv6 adds one way to be refused
+
+
+def fell_back_lines(d) -> list[str]:
+    """The daemon's log lines of flows that gave up compressing."""
+    return [line for line in d.log_text().splitlines() if "sending this flow raw from now on" in line]
+
+
 def nicd_transfer(h1, h2, data: bytes, tmp_path, *flags, family=4, tag="", **kw):
     """``data`` h1 -> h2 on a tagged connection, nicd (with ``flags``) running on both hosts:
     returns what arrived, both daemons' counters and raw_sent's bound. Rules the caller added to

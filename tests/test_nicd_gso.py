@@ -17,12 +17,11 @@ import numpy as np
 import pytest
 
 import test_nicd
-from test_nicd import (INC, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+from test_nicd import (DROPS, INC, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
                        make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
-DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
 
 
 def super_packet(payload: bytes, seq: int, flags: int) -> bytes:

@@ -16,15 +16,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from test_nicd import (add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged, raw_sent, recon,
-                       rule_counts, running_nicd, transfer)
+from test_nicd import (DROPS, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+                       fell_back_lines, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
 A_NET, B_NET, VIP_NET = "198.18.1", "198.18.2", "198.18.3"   # RoutedTestbed's /24s of h1, h2
 VIP = f"{VIP_NET}.10"      # a service address that a's NAT maps to b (Kubernetes' ClusterIP)
 DEAD_GW = f"{A_NET}.253"   # a gateway nobody answers for
-DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
 
 
 @dataclass
@@ -52,10 +51,6 @@ def routed(name: str, mtu_rb: int = 1500, mtu_b: int | None = None):
 
 def iptables(host, *args):
     host.run(["iptables", "-w", "5", *args], check=True, capture_output=True)
-
-
-def fell_back_lines(d) -> list[str]:
-    return [line for line in d.log_text().splitlines() if "sending this flow raw from now on" in line]
 
 
 def assert_clean_compressed_run(c1, c2, d1):

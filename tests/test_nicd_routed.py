@@ -19,7 +19,8 @@ import time
 
 import pytest
 from netns_helpers import wait_until
-from test_nicd import PEER, PY, Transfer, assert_words_equal, recon, rule_counts, running_nicd, xtables
+from test_nicd import (DROPS, PEER, PY, Transfer, add_counting_rule, assert_words_equal, recon, rule_counts,
+                       running_nicd, xtables)
 
 from inceptionn.daemon import rules
 from inceptionn.daemon._datapath import ffi, lib
@@ -29,7 +30,6 @@ from nicd_peer import parsed, tcp_segment  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 GSO = pytest.mark.parametrize("gso", ["--gso", "--no-gso"])
-DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
 
 
 def segment(payload: bytes) -> bytes:
@@ -82,11 +82,6 @@ def rewrite_compressed_mark(router, family=4):
                 "-m", "comment", "--comment", "nt-rewrite", "-j", "DSCP", "--set-dscp", "0"], check=True)
 
 
-def count_arriving(host, name, dscp, family=4):
-    host.run([xtables(family), "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, "-p", "tcp",
-              "-m", "dscp", "--dscp", str(dscp), "-m", "comment", "--comment", f"nt-{name}"], check=True)
-
-
 def tcp_snmp(host, name: str) -> int:
     """A Tcp counter of the host's network namespace (/proc/net/snmp), e.g. InCsumErrors."""
     text = host.run(["cat", "/proc/net/snmp"], capture_output=True, text=True, check=True).stdout
@@ -104,7 +99,7 @@ def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso, fam
     with routed_testbed(tb_name, family=family) as tb:
         h1, h2 = tb.hosts
         rewrite_compressed_mark(tb.router, family)
-        count_arriving(h2, "dscp11", 11, family)
+        add_counting_rule(h2, "dscp11", "-p", "tcp", "-m", "dscp", "--dscp", "11", family=family)
         with running_nicd(h1, tmp_path, gso) as d1, running_nicd(h2, tmp_path, gso) as d2:
             t = Transfer(h1, h2, small.tobytes(), tmp_path, timeout=60, family=family)
             try:
