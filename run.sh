@@ -12,6 +12,7 @@ APT_PACKAGES=(
   make gcc libc6-dev python3 python3-venv python3-dev   # build and the venv
   clang libclang-rt-14-dev                               # libFuzzer + sanitizers
   iproute2 iptables iputils-ping ethtool iperf3          # testbed, rules, link checks
+  nftables procps                                        # nft (netdev counters in tests), sysctl (testbed)
   libnetfilter-queue-dev                                 # the soft NIC's queue
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
   systemd systemd-container                              # the unit: systemd-analyze, nspawn test
