@@ -253,24 +253,29 @@ def iptables_save(host, family=4) -> str:
     return r.stdout
 
 
-def add_counting_rule(host, name, *match, family=4):
-    """A rule in raw PREROUTING that only counts (no target): what arrives on the wire."""
-    host.run([xtables(family), "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", host.ifname, *match,
+def add_counting_rule(host, name, *match, family=4, first=False):
+    """A rule in raw PREROUTING that only counts (no target): what arrives on the wire. ``first``
+    puts it at the top, ahead of rules already there (a daemon's, a firewall's ACCEPT)."""
+    where = ["-I", "PREROUTING", "1"] if first else ["-A", "PREROUTING"]
+    host.run([xtables(family), "-w", "5", "-t", "raw", *where, "-i", host.ifname, *match,
               "-m", "comment", "--comment", f"nt-{name}"], check=True)
 
 
 def count_raw_tagged(host, family=4):
-    """Before the daemons start (so the rule stays ahead of theirs): counts the packets tagged 0x28
-    that reach ``host`` as they were sent, raw. See raw_sent."""
-    add_counting_rule(host, "rawtagged", "-p", "tcp", "-m", "dscp", "--dscp", "10", family=family)
+    """Counts the packets tagged 0x28 that reach ``host`` as they were sent, raw, from the top of
+    raw PREROUTING (daemons keep count-only rules ahead of theirs). See raw_sent."""
+    add_counting_rule(host, "rawtagged", "-p", "tcp", "-m", "dscp", "--dscp", "10", family=family, first=True)
 
 
 def raw_sent(host, sender_counters, family=4) -> int:
     """The most bytes that may arrive at ``host`` as the original: every byte of the tagged packets
     that arrived raw, whoever left them raw (the sender's daemon; its rules, for a segment too short
     to queue; the kernel, failing open on a full queue), headers included, plus the cut floats that
-    compressed packets carried raw (daemon.stats.raw_edge_bytes of the sender's counters)."""
-    return rule_counts(host, "rawtagged", family=family)[1] + raw_edge_bytes(sender_counters)
+    compressed packets carried raw (daemon.stats.raw_edge_bytes of the sender's counters). Each
+    packet's fixed IP and TCP headers are taken off; its TCP options stay in the bound."""
+    packets, nbytes = rule_counts(host, "rawtagged", family=family)
+    fixed_headers = (40 if family == 6 else 20) + 20
+    return nbytes - packets * fixed_headers + raw_edge_bytes(sender_counters)
 
 
 DROPS = ("drop_crc", "drop_header", "drop_checksum", "drop_decode", "drop_malformed", "drop_too_big")
@@ -364,6 +369,7 @@ def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
     plain = grads[-512 * 1024:].tobytes()
     with make_testbed() as tb:
         h1, h2 = tb.hosts
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path):
             t1 = Transfer(h1, h2, tagged, tmp_path, tos=0x28)
             t2 = Transfer(h1, h2, plain, tmp_path, tos=0)
@@ -373,7 +379,8 @@ def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
                 t1.close()
                 t2.close()
             c1 = d1.counters()
-    assert_words_equal(got1, recon(small, -10).tobytes(), "tagged flow")
+        raw = raw_sent(h2, c1)
+    assert_restored_or_raw(got1, tagged, recon(small, -10).tobytes(), raw, "tagged flow")
     assert got2 == plain, "untagged flow changed"
     assert c1["egress_compressed"] > 0 and c1["flows_negotiated"] == 1
     # Only the tagged flow is counted: the untagged one would add len(plain). Retransmissions of
@@ -447,6 +454,7 @@ def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads, famil
     want = recon(grads, -10).tobytes()
     with make_testbed(rate="4mbit", ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
+        count_raw_tagged(h2, family)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             t = Transfer(h1, h2, data, tmp_path, timeout=120, family=family)
             try:
@@ -460,7 +468,8 @@ def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads, famil
                 assert n1 == n0, f"data kept arriving with the receiver daemon dead ({n0} -> {n1} bytes)"
                 assert n1 < len(data)
                 m = len(so_far) // 4 * 4
-                assert_words_equal(so_far[:m], want[:m], "data delivered before/while the daemon was down")
+                assert_restored_or_raw(so_far[:m], data[:m], want[:m], raw_sent(h2, d1.counters(), family),
+                                       "data delivered before/while the daemon was down")
                 assert "NFQUEUE" in iptables_save(h2, family)  # the leftover ingress rule is what holds it closed
                 with running_nicd(h2, tmp_path, tag="-restarted") as d2b:
                     got = t.finish(timeout=90)
@@ -469,7 +478,8 @@ def test_receiver_daemon_killed_fails_closed_and_recovers(tmp_path, grads, famil
             finally:
                 t.close()
             c1 = d1.counters()
-    assert_words_equal(got, want, "after the restart")
+        raw = raw_sent(h2, c1, family)
+    assert_restored_or_raw(got, data, want, raw, "after the restart")
     assert c2b["ingress_restored"] > 0, "the restarted daemon restored nothing"
     assert c1["egress_compressed"] > 0
     assert "stale" in stale  # it removed the rules the killed daemon left
@@ -590,11 +600,15 @@ def test_hostile_packets_dropped_and_counted(tmp_path, small):
                 assert delta[key] == expect.get(key, 0), (key, delta)
             assert delta["ingress_restored"] == 0
             # still serving, and a good compressed transfer works afterwards
+            count_raw_tagged(h2)
             with running_nicd(h1, tmp_path) as d1:
                 got = transfer(h1, h2, small[:100_000].tobytes(), tmp_path)
-                assert d1.counters()["egress_compressed"] > 0
+                c1 = d1.counters()
+                assert c1["egress_compressed"] > 0
             assert d2.alive(), d2.log_text()
-    assert_words_equal(got, recon(small[:100_000], -10).tobytes(), "after the hostile packets")
+            raw = raw_sent(h2, c1)
+    assert_restored_or_raw(got, small[:100_000].tobytes(), recon(small[:100_000], -10).tobytes(), raw,
+                           "after the hostile packets")
 
 
 # --- 10. stopping removes every rule -----------------------------------------------------------
@@ -611,8 +625,10 @@ def test_stop_leaves_no_rule(tmp_path, small):
                 saved = iptables_save(h)
                 installed.append(saved.count("inceptionn-nicd"))
                 assert installed[-1] >= 4 and "NFQUEUE" in saved
+            count_raw_tagged(h2)
             got = transfer(h1, h2, small[:100_000].tobytes(), tmp_path)
-            assert_words_equal(got, recon(small[:100_000], -10).tobytes())
+            assert_restored_or_raw(got, small[:100_000].tobytes(), recon(small[:100_000], -10).tobytes(),
+                                   raw_sent(h2, d[0].counters()))
             codes = [x.terminate() for x in d]
         finally:
             for x in d:

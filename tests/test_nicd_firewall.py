@@ -18,8 +18,8 @@ import textwrap
 
 import pytest
 
-from test_nicd import (INC, PY, assert_words_equal, iptables_save, make_testbed, recon, running_nicd,
-                       transfer)
+from test_nicd import (INC, PY, assert_restored_or_raw, count_raw_tagged, iptables_save, make_testbed, raw_sent,
+                       recon, running_nicd, transfer)
 from netns_helpers import wait_until
 from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted, raw_prerouting
 from inceptionn.daemon.config import NicdConfig
@@ -45,11 +45,13 @@ def test_conntrack_invalid_drop_does_not_stall_compressed_flows(tmp_path, small)
         h1, h2 = tb.hosts
         for h in (h1, h2):
             drop_invalid(h)
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             got = transfer(h1, h2, data, tmp_path, timeout=45)
             c1, c2 = d1.counters(), d2.counters()
         invalid = [counted(h, "nt-invalid", "filter")[0] for h in (h1, h2)]
-    assert_words_equal(got, recon(small, -10).tobytes(), "through an INVALID-drop firewall")
+        raw = raw_sent(h2, c1)
+    assert_restored_or_raw(got, data, recon(small, -10).tobytes(), raw, "through an INVALID-drop firewall")
     assert c1["egress_compressed"] > 100 and c2["ingress_restored"] == c1["egress_compressed"]
     assert invalid == [0, 0], f"conntrack found INVALID packets: {invalid}"
 
@@ -162,10 +164,13 @@ def test_instances_in_one_namespace_leave_each_other_alone(tmp_path, small):
                 assert r.returncode == 2 and "7100" in r.stderr, r.stderr
             finally:
                 b.kill()
+            count_raw_tagged(h2)
             with running_nicd(h1, tmp_path) as d1:
                 got = transfer(h1, h2, small[:100_000].tobytes(), tmp_path)
                 c1, ca = d1.counters(), a.counters()
-    assert_words_equal(got, recon(small[:100_000], -10).tobytes(), "through A after B's lifecycle")
+            raw = raw_sent(h2, c1)
+    assert_restored_or_raw(got, small[:100_000].tobytes(), recon(small[:100_000], -10).tobytes(), raw,
+                           "through A after B's lifecycle")
     assert c1["egress_compressed"] > 0 and ca["ingress_restored"] == c1["egress_compressed"]
 
 
@@ -182,14 +187,16 @@ def test_rules_go_ahead_of_the_hosts_accept_rules(tmp_path, small):
                        "-m", "comment", "--comment", f"nt-count-{table}-{chain}"], check=True)
                 h.run(["iptables", "-w", "5", "-t", table, "-A", chain, "-m", "comment", "--comment",
                        f"nt-accept-{table}-{chain}", "-j", "ACCEPT"], check=True)
+        count_raw_tagged(h2)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             got = transfer(h1, h2, data, tmp_path)
             c1, c2 = d1.counters(), d2.counters()
             order = [re.search(r"--comment (\S+)", line).group(1) for line in raw_prerouting(h2)]
         on_wire = counted(h2, "nt-count-raw-PREROUTING", "raw")[0]
-    assert_words_equal(got, recon(small[:200_000], -10).tobytes(), "past the hosts' ACCEPT rules")
+        raw = raw_sent(h2, c1)
+    assert_restored_or_raw(got, data, recon(small[:200_000], -10).tobytes(), raw, "past the hosts' ACCEPT rules")
     assert c1["egress_compressed"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
     assert on_wire >= c1["egress_compressed"], "the count-only rule was pushed behind the queue"
     # the compressed queue, the queue of segments that look compressed without the mark, the drop
-    assert order == ["nt-count-raw-PREROUTING", "inceptionn-nicd-7100", "inceptionn-nicd-7100", DROP_COMMENT,
+    assert order == ["nt-rawtagged", "nt-count-raw-PREROUTING", "inceptionn-nicd-7100", "inceptionn-nicd-7100", DROP_COMMENT,
                      "nt-accept-raw-PREROUTING"]

@@ -19,8 +19,8 @@ import time
 
 import pytest
 from netns_helpers import wait_until
-from test_nicd import (DROPS, PEER, PY, Transfer, add_counting_rule, assert_words_equal, recon, rule_counts,
-                       running_nicd, xtables)
+from test_nicd import (DROPS, PEER, PY, Transfer, add_counting_rule, assert_restored_or_raw, count_raw_tagged,
+                       nicd_transfer, raw_sent, recon, rule_counts, running_nicd, xtables)
 
 from inceptionn.daemon import rules
 from inceptionn.daemon._datapath import ffi, lib
@@ -100,16 +100,10 @@ def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso, fam
         h1, h2 = tb.hosts
         rewrite_compressed_mark(tb.router, family)
         add_counting_rule(h2, "dscp11", "-p", "tcp", "-m", "dscp", "--dscp", "11", family=family)
-        with running_nicd(h1, tmp_path, gso) as d1, running_nicd(h2, tmp_path, gso) as d2:
-            t = Transfer(h1, h2, small.tobytes(), tmp_path, timeout=60, family=family)
-            try:
-                got = t.finish()
-            finally:
-                t.close()
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, gso, family=family, timeout=60)
         rewritten = rule_counts(tb.router, "rewrite", table="mangle", family=family)[0]
         arrived_marked = rule_counts(h2, "dscp11", family=family)[0]
-    assert_words_equal(got, recon(small, -10).tobytes(), "across a DSCP-rewriting router")
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "across a DSCP-rewriting router")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["egress_compressed"] > 10 and rewritten >= c1["egress_compressed"]
     assert arrived_marked == 0, "the router did not rewrite: nothing tested"
@@ -132,6 +126,7 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
     with routed_testbed(tb_name, family=family) as tb:
         h1, h2 = tb.hosts
         rewrite_compressed_mark(tb.router, family)
+        count_raw_tagged(h2, family)
         with running_nicd(h1, tmp_path, gso) as d1:
             with running_nicd(h2, tmp_path, gso, tag="-first") as d2:
                 t = Transfer(h1, h2, data, tmp_path, pause_at=pause, timeout=90, family=family)
@@ -143,7 +138,8 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
                     t.close()
                     raise
             try:
-                assert t.received() == want[:pause]
+                assert_restored_or_raw(t.received(), data[:pause], want[:pause], raw_sent(h2, d1.counters(), family),
+                                       "before the pause")
                 csum_before = tcp_snmp(h2, "InCsumErrors")
                 sent_before = d1.counters()["egress_compressed"]
                 t.go.touch()
@@ -160,7 +156,8 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
                     c2 = d2b.counters()
             finally:
                 t.close()
-    assert_words_equal(got, want, "after the receiver's soft NIC came back")
+            raw = raw_sent(h2, d1.counters(), family)
+    assert_restored_or_raw(got, data, want, raw, "after the receiver's soft NIC came back")
     assert c2["ingress_marks_rewritten"] > 0 and all(c2[k] == 0 for k in DROPS), c2
 
 
@@ -208,6 +205,8 @@ def test_answerer_confirmed_by_the_echo_compresses_back(tb_name, tmp_path, small
     with routed_testbed(tb_name) as tb:
         h1, h2 = tb.hosts
         rewrite_compressed_mark(tb.router)
+        for h in (h1, h2):
+            count_raw_tagged(h)
         with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
             server = h2.popen([PY, "-c", EXCHANGE, "server", h2.ip, 5960, len(want), src, tmp_path / "at_server"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -222,8 +221,9 @@ def test_answerer_confirmed_by_the_echo_compresses_back(tb_name, tmp_path, small
                     server.kill()
                     server.wait()
             c1, c2 = d1.counters(), d2.counters()
-    assert_words_equal((tmp_path / "at_server").read_bytes(), want, "initiator -> answerer")
-    assert_words_equal((tmp_path / "at_client").read_bytes(), want, "answerer -> initiator")
+        raw_to_h2, raw_to_h1 = raw_sent(h2, c1), raw_sent(h1, c2)
+    assert_restored_or_raw((tmp_path / "at_server").read_bytes(), x.tobytes(), want, raw_to_h2, "initiator -> answerer")
+    assert_restored_or_raw((tmp_path / "at_client").read_bytes(), x.tobytes(), want, raw_to_h1, "answerer -> initiator")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1 and c2["confirm_failed"] == 0
     assert c1["egress_compressed"] > 10 and c2["egress_compressed"] > 10
     assert c1["ingress_marks_rewritten"] == c2["egress_compressed"]
