@@ -422,11 +422,17 @@ static void setup(struct ring *r)
 
 /* --- error feedback memory ---------------------------------------------------------------------- */
 
-static void drop_residual(struct residual *e)
+/* The residual memory figures of the summary line, under one lock. */
+static void count_residuals(double bytes, unsigned long dropped)
 {
     pthread_mutex_lock(&g_mu);
-    g_stats.ef_bytes -= (double)e->n * sizeof(float);
+    g_stats.ef_bytes += bytes;
+    g_stats.ef_dropped += dropped;
     pthread_mutex_unlock(&g_mu);
+}
+
+static void free_residual(struct residual *e)
+{
     free(e->lost);
     free(e);
 }
@@ -437,6 +443,8 @@ static struct residual *residual_for(struct ring *r, size_t n)
 {
     struct residual **p, *e, **oldest = NULL;
     int keys = 0;
+    double freed = 0;
+    unsigned long dropped = 0;
     r->calls++;
     for (p = &r->residuals; (e = *p); p = &e->next, keys++) {
         if (e->n == n) {
@@ -449,23 +457,21 @@ static struct residual *residual_for(struct ring *r, size_t n)
     if (keys >= INC_MPI_EF_MAX_KEYS) {
         e = *oldest;
         *oldest = e->next;
-        drop_residual(e);
-        pthread_mutex_lock(&g_mu);
-        g_stats.ef_dropped++;
-        pthread_mutex_unlock(&g_mu);
+        freed = (double)e->n * sizeof(float);
+        dropped = 1;
+        free_residual(e);
     }
     e = calloc(1, sizeof *e);
     if (!e || !(e->lost = calloc(n, sizeof(float)))) {
         free(e);
+        count_residuals(-freed, dropped);
         return NULL;
     }
     e->n = n;
     e->used = r->calls;
     e->next = r->residuals;
     r->residuals = e;
-    pthread_mutex_lock(&g_mu);
-    g_stats.ef_bytes += (double)n * sizeof(float);
-    pthread_mutex_unlock(&g_mu);
+    count_residuals((double)n * sizeof(float) - freed, dropped);
     return e;
 }
 
@@ -484,11 +490,14 @@ static int delete_ring(MPI_Comm comm, int keyval, void *value, void *extra)
     pthread_mutex_unlock(&g_mu);
     pthread_mutex_lock(&r->mu);
     close_ring(r);
+    double freed = 0;
     while (r->residuals) {
         struct residual *e = r->residuals;
         r->residuals = e->next;
-        drop_residual(e);
+        freed += (double)e->n * sizeof(float);
+        free_residual(e);
     }
+    count_residuals(-freed, 0);
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_destroy(&r->mu);
     free(r);
