@@ -18,8 +18,8 @@ import textwrap
 
 import pytest
 
-from test_nicd import (INC, PY, assert_restored_or_raw, count_raw_tagged, iptables_save, make_testbed, raw_sent,
-                       recon, running_nicd, transfer)
+from test_nicd import (INC, PY, assert_restored_or_raw, count_raw_tagged, iptables_save, make_testbed, nicd_transfer,
+                       raw_sent, recon, running_nicd, transfer)
 from netns_helpers import wait_until
 from test_nicd_failclosed import DROP_COMMENT, UnitDaemon, counted, raw_prerouting
 from inceptionn.daemon.config import NicdConfig
@@ -45,12 +45,8 @@ def test_conntrack_invalid_drop_does_not_stall_compressed_flows(tmp_path, small)
         h1, h2 = tb.hosts
         for h in (h1, h2):
             drop_invalid(h)
-        count_raw_tagged(h2)
-        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            got = transfer(h1, h2, data, tmp_path, timeout=45)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, data, tmp_path, timeout=45)
         invalid = [counted(h, "nt-invalid", "filter")[0] for h in (h1, h2)]
-        raw = raw_sent(h2, c1)
     assert_restored_or_raw(got, data, recon(small, -10).tobytes(), raw, "through an INVALID-drop firewall")
     assert c1["egress_compressed"] > 100 and c2["ingress_restored"] == c1["egress_compressed"]
     assert invalid == [0, 0], f"conntrack found INVALID packets: {invalid}"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from test_nicd import (DROPS, add_counting_rule, assert_restored_or_raw, count_raw_tagged,
-                       fell_back_lines, raw_sent, recon, rule_counts, running_nicd, transfer)
+from test_nicd import (DROPS, add_counting_rule, assert_restored_or_raw, count_raw_tagged, fell_back_lines,
+                       nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
@@ -64,25 +64,29 @@ def assert_clean_compressed_run(c1, c2, d1):
         assert c2[key] == 0, (key, c2)
 
 
+def assert_clean_transfer(t, tmp_path, small, what, **kw):
+    """``small`` a -> b with nicd on both, through what the test set up (``kw`` for transfer): it
+    arrives as the reconstruction (or raw, within raw_sent's bound) and the run was clean."""
+    count_raw_tagged(t.b)
+    with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
+        got = transfer(t.a, t.b, small.tobytes(), tmp_path, **kw)
+        c1, c2 = d1.counters(), d2.counters()
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw_sent(t.b, c1), what)
+    assert_clean_compressed_run(c1, c2, d1)
+
+
 # --- 3. NAT on the sender ------------------------------------------------------------------------
 
 def test_dnat_on_the_sender_compressed_packets_take_the_connection(tb_name, tmp_path, small):
     """a reaches b through a service address that a's own NAT maps (nat OUTPUT DNAT, as
     kube-proxy does). The compressed packets must be NATed as the connection's own, not as a new
     connection with fresh source ports that b answers with RSTs."""
-    want = recon(small, -10).tobytes()
     with routed(tb_name) as t:
         iptables(t.a, "-t", "nat", "-A", "OUTPUT", "-d", VIP, "-p", "tcp", "-j", "DNAT", "--to-destination", t.b.ip)
         add_counting_rule(t.a, "rst", "-p", "tcp", "--tcp-flags", "RST", "RST")
-        count_raw_tagged(t.b)
-        with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
-            got = transfer(t.a, t.b, small.tobytes(), tmp_path, dest=VIP, timeout=40)
-            c1, c2 = d1.counters(), d2.counters()
+        assert_clean_transfer(t, tmp_path, small, "through a's DNAT", dest=VIP, timeout=40)
         rsts = rule_counts(t.a, "rst")[0]
-        raw = raw_sent(t.b, c1)
-    assert_restored_or_raw(got, small.tobytes(), want, raw, "through a's DNAT")
     assert rsts == 0
-    assert_clean_compressed_run(c1, c2, d1)
 
 
 # --- 4. the peer's MSS, a clamp, a small hop without ICMP --------------------------------------
@@ -93,7 +97,6 @@ def test_compressed_packets_fit_what_the_connection_may_carry(tb_name, tmp_path,
     needed" (a black hole for anything bigger). small_hop: b's interface has MTU 1300 too, so
     b's SYN-ACK says MSS 1260; mss_clamp: b has MTU 1500, and the router clamps the MSS of every
     SYN to 1200 instead. TCP cuts its segments to that; so must the soft NIC."""
-    want = recon(small, -10).tobytes()
     with routed(tb_name, mtu_rb=1300, mtu_b=1300 if hop == "small_hop" else 1500) as t:
         iptables(t.r, "-A", "OUTPUT", "-p", "icmp", "--icmp-type", "fragmentation-needed", "-j", "DROP")
         if hop == "mss_clamp":
@@ -101,15 +104,9 @@ def test_compressed_packets_fit_what_the_connection_may_carry(tb_name, tmp_path,
                      "-j", "TCPMSS", "--set-mss", "1200")
         iptables(t.r, "-t", "raw", "-A", "PREROUTING", "-i", t.a.switch_port, "-m", "length", "--length", "1301:65535",
                  "-m", "comment", "--comment", "nt-big")
-        count_raw_tagged(t.b)
-        with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
-            got = transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=40)
-            c1, c2 = d1.counters(), d2.counters()
+        assert_clean_transfer(t, tmp_path, small, f"through a {hop}", timeout=40)
         too_big = rule_counts(t.r, "big")[0]
-        raw = raw_sent(t.b, c1)
-    assert_restored_or_raw(got, small.tobytes(), want, raw, f"through a {hop}")
     assert too_big == 0, f"{too_big} packets over the 1300-byte hop reached the router"
-    assert_clean_compressed_run(c1, c2, d1)
 
 
 # --- 5. policy routing: the compressed packets leave the way the original would ----------------
@@ -121,19 +118,13 @@ def test_compressed_packets_follow_policy_routing(tb_name, tmp_path, small, rule
     raw socket's packets must take the rule's route too. (This kernel already looked the
     header-included raw socket's packets up by their header's protocol; nicd says IP_PROTOCOL
     for kernels that use 255.)"""
-    want = recon(small, -10).tobytes()
     with routed(tb_name) as t:
         t.a.run(["ip", "route", "replace", f"{B_NET}.0/24", "via", DEAD_GW], check=True)
         t.a.run(["ip", "route", "add", f"{B_NET}.0/24", "via", t.r.ip, "table", "100"], check=True)
         match = ["fwmark", "7"] if rule == "fwmark" else ["ipproto", "tcp"]
         t.a.run(["ip", "rule", "add", *match, "lookup", "100", "priority", "100"], check=True)
-        count_raw_tagged(t.b)
-        with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
-            got = transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=40, mark=7 if rule == "fwmark" else None)
-            c1, c2 = d1.counters(), d2.counters()
-        raw = raw_sent(t.b, c1)
-    assert_restored_or_raw(got, small.tobytes(), want, raw, f"routed by {rule}")
-    assert_clean_compressed_run(c1, c2, d1)
+        assert_clean_transfer(t, tmp_path, small, f"routed by {rule}", timeout=40,
+                              mark=7 if rule == "fwmark" else None)
 
 
 # --- 6. a stateful firewall on the router --------------------------------------------------------
@@ -170,14 +161,10 @@ def test_qdisc_drops_of_compressed_packets_are_counted_as_lost(tb_name, tmp_path
         with ns.ipr(t.a.netns) as ipr:
             eth = ipr.link_lookup(ifname="eth0")[0]
             ipr.tc("add", "tbf", eth, 0x10000, rate="40mbit", burst=6000, limit=20000)
-        count_raw_tagged(t.b)
-        with running_nicd(t.a, tmp_path) as d1, running_nicd(t.b, tmp_path) as d2:
-            got = transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=60)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(t.a, t.b, small.tobytes(), tmp_path, timeout=60)
         with ns.ipr(t.a.netns) as ipr:
             qdisc_drops = next(q for q in ipr.get_qdiscs(index=eth) if q.get_attr("TCA_KIND") == "tbf") \
                 .get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")["drops"]
-        raw = raw_sent(t.b, c1)
     # heavy local loss may make the flow give up compressing (a range resent again and again):
     # then its tail is the original
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "through a dropping qdisc")

@@ -13,8 +13,8 @@ import subprocess
 import time
 
 import pytest
-from test_nicd import (PEER, PY, Transfer, add_counting_rule, assert_restored_or_raw, count_raw_tagged, make_testbed,
-                       raw_sent, recon, rule_counts, running_nicd, transfer)
+from test_nicd import (PEER, PY, Transfer, add_counting_rule, assert_restored_or_raw, make_testbed, nicd_transfer,
+                       recon, rule_counts, running_nicd, transfer)
 
 from inceptionn.daemon._datapath import ffi, lib
 
@@ -137,13 +137,9 @@ def test_normal_case_compresses_and_the_option_never_reaches_a_stack(tmp_path, s
         for h in (h1, h2):  # after the queues: what the stacks get
             h.run(["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "--tcp-option", str(OPT), "-m", "comment",
                    "--comment", "nt-opt-stack"], check=True)
-        count_raw_tagged(h2)
-        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            got = transfer(h1, h2, x.tobytes(), tmp_path)
-            c1, c2 = d1.counters(), d2.counters()
+        got, c1, c2, raw = nicd_transfer(h1, h2, x.tobytes(), tmp_path)
         wire_syn, wire_synack = rule_counts(h2, "opt-syn")[0], rule_counts(h1, "opt-synack")[0]
         in_stack = [rule_counts(h, "opt-stack", table="filter")[0] for h in (h1, h2)]
-        raw = raw_sent(h2, c1)
     assert_restored_or_raw(got, x.tobytes(), recon(x, -10).tobytes(), raw)
     assert wire_syn == 1 and wire_synack == 1, "the hello and its answer carry the option on the wire"
     assert in_stack == [0, 0], "a stack saw the hello option"
