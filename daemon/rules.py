@@ -237,15 +237,10 @@ def _denied(text: str) -> bool:
     return "Permission denied" in text or "must be root" in text
 
 
-_ASK = object()
-
-
-def families(missing=_ASK) -> tuple[int, ...]:
+def families() -> tuple[int, ...]:
     """The address families whose rules exist here: IPv4 always, IPv6 unless ipv6_missing() names
-    a reason (pass its answer as ``missing`` when already asked: each asking runs ip6tables)."""
-    if missing is _ASK:
-        missing = ipv6_missing()
-    return FAMILIES if missing is None else (4,)
+    a reason (each asking runs ip6tables)."""
+    return FAMILIES if ipv6_missing() is None else (4,)
 
 
 def _queue_target(queues: range, bypass: bool) -> list[str]:
@@ -310,9 +305,9 @@ def install(cfg: NicdConfig) -> None:
     if sum(removed.values()):
         log.warning("removed %s stale nicd rule(s) of queue base %d left by an earlier run",
                     describe(removed), cfg.queue_base)
-    if (missing := ipv6_missing()) is not None:
-        log.warning("IPv6 is not covered: %s; only IPv4 packets are compressed and restored", missing)
-    fams = families(missing)
+    fams = families()
+    if 6 not in fams:  # (asks again for the reason: only where IPv6 is missing, once per start)
+        log.warning("IPv6 is not covered: %s; only IPv4 packets are compressed and restored", ipv6_missing())
     n = 0
     try:
         for family in fams:
