@@ -16,6 +16,7 @@ APT_PACKAGES=(
   libnetfilter-queue-dev                                 # the soft NIC's queue
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
   systemd systemd-container                              # the unit: systemd-analyze, nspawn test
+  man-db                                                 # systemd-analyze verify opens the unit's man: links
   strace                                                 # the shim test: no extra syscalls untagged
   libcap2-bin                                            # capsh: nicd without CAP_NET_RAW (gso auto)
   prometheus prometheus-node-exporter                    # promtool, node_exporter: the metrics test

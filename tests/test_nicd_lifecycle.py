@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -228,6 +229,24 @@ NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 CAPS = ["--inh-caps=+net_admin,+net_raw", "--ambient-caps=+net_admin,+net_raw"]
 
 
+@pytest.fixture
+def nobody_reaches_the_venv():
+    """The user nobody must run the venv's inceptionn: where the checkout sits under a directory
+    others may not search (a clone in root's 0700 home), that directory gets o+x for the test
+    and its mode back after."""
+    changed = []
+    try:
+        for d in reversed(Path(INC).parents):
+            mode = d.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                d.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+                changed.append((d, stat.S_IMODE(mode)))
+        yield
+    finally:
+        for d, mode in reversed(changed):
+            d.chmod(mode)
+
+
 def _user_dir(tmp_path) -> Path:
     """A directory the user nobody can create its socket and log in (tmp_path's parents are
     root's 0700)."""
@@ -239,7 +258,7 @@ def _user_dir(tmp_path) -> Path:
 
 
 @pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
-def test_non_root_user_with_capabilities_runs_the_daemon(tmp_path, tb_name):
+def test_non_root_user_with_capabilities_runs_the_daemon(tmp_path, tb_name, nobody_reaches_the_venv):
     """The user nobody holding CAP_NET_ADMIN and CAP_NET_RAW (ambient, so the iptables it runs
     hold them too) starts nicd: rules installed, the gso fast path on (the raw socket), counters
     served, a clean stop that removes the rules."""
@@ -269,7 +288,7 @@ def test_non_root_user_with_capabilities_runs_the_daemon(tmp_path, tb_name):
 
 @pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
 @pytest.mark.parametrize("who", [NOBODY, ["setpriv", "--bounding-set=-net_admin"]], ids=["nobody", "root-without"])
-def test_without_cap_net_admin_is_refused_in_one_line(tmp_path, tb_name, who):
+def test_without_cap_net_admin_is_refused_in_one_line(tmp_path, tb_name, who, nobody_reaches_the_venv):
     """The user nobody without capabilities, and root without CAP_NET_ADMIN (a container that
     dropped it): one line naming the capability, before any rule."""
     d = _user_dir(tmp_path)
