@@ -17,7 +17,7 @@ COUNTERS = [ffi.string(lib.nicd_counter_name(i)).decode().lower() for i in range
 class Datapath:
     def __init__(self, cfg: NicdConfig):
         self.cfg = cfg
-        if lib.nicd_flows_init(cfg.flow_capacity, cfg.flow_timeout) != 0:
+        if lib.nicd_flows_init(cfg.flow_capacity, cfg.flow_timeout, cfg.flow_owner_cap) != 0:
             raise UserError("cannot allocate the flow table")
         self._workers = []
         for egress, ingress in zip(cfg.egress_queues, cfg.ingress_queues):

@@ -1,5 +1,7 @@
 /* The soft NIC's flow tables (see nicd_flows.h): negotiated flows in an open-addressing table
- * (linear probing, backward-shift deletion), hellos in a bounded set-associative table. */
+ * (linear probing, backward-shift deletion), with their owners' counts in a second one of the
+ * same size (at most one owner per flow, so it never fills); hellos in a bounded set-associative
+ * table. */
 #define _GNU_SOURCE
 #include "nicd_flows.h"
 
@@ -26,7 +28,14 @@ struct slot {
     uint8_t high_fin;   /* a FIN followed it */
     uint8_t sent, raw, used;
     uint8_t rewritten; /* a compressed packet arrived without its mark */
+    uint8_t closing;   /* our FIN left: expires after NICD_FIN_LINGER_S idle seconds */
+    uint64_t owner;
     struct nicd_flow_view view;
+};
+
+struct oslot {
+    uint64_t owner; /* 0: free */
+    uint32_t n;     /* flows it holds */
 };
 
 struct hslot {
@@ -36,7 +45,8 @@ struct hslot {
 };
 
 static struct slot *slots;
-static uint32_t mask, count, idle_timeout;
+static struct oslot *owners; /* mask + 1 entries too; guarded by lock */
+static uint32_t mask, count, idle_timeout, owner_cap;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct hslot *hellos;
@@ -164,7 +174,7 @@ static int random_bytes(uint8_t *b, size_t n)
     return 0;
 }
 
-int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s)
+int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s, uint32_t cap_per_owner)
 {
     uint32_t cap = 64;
     while (cap < capacity && cap < (1u << 24))
@@ -173,9 +183,11 @@ int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s)
     hcap = hcap < 256 ? 256 : hcap > 16384 ? 16384 : hcap;
     uint8_t keys[32];
     struct slot *s = calloc(cap, sizeof *s);
+    struct oslot *o = calloc(cap, sizeof *o);
     struct hslot *h = calloc(hcap, sizeof *h);
-    if (!s || !h || random_bytes(keys, sizeof keys) < 0) {
+    if (!s || !o || !h || random_bytes(keys, sizeof keys) < 0) {
         free(s);
+        free(o);
         free(h);
         return -1;
     }
@@ -185,9 +197,12 @@ int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s)
     memcpy(nonce_key, keys + 16, 16);
     free(slots);
     slots = s;
+    free(owners);
+    owners = o;
     mask = cap - 1;
     count = 0;
     idle_timeout = idle_timeout_s;
+    owner_cap = cap_per_owner;
     free(hellos);
     hellos = h;
     hello_sets = hcap / HELLO_WAYS;
@@ -203,12 +218,60 @@ void nicd_flows_free(void)
     pthread_mutex_lock(&hello_lock);
     free(slots);
     slots = NULL;
+    free(owners);
+    owners = NULL;
     mask = count = 0;
     free(hellos);
     hellos = NULL;
     hello_sets = hello_used = 0;
     pthread_mutex_unlock(&hello_lock);
     pthread_mutex_unlock(&lock);
+}
+
+/* ---- owners: how many flows each holds (caller holds the lock) ---------------------------- */
+
+uint64_t nicd_flows_owner_of_peer(const struct nicd_flow_key *k)
+{
+    uint8_t b[16];
+    size_t n = 4;
+    if (k->v6)
+        memcpy(b, k->daddr6, 8), n = 8; /* the /64 */
+    else
+        memcpy(b, &k->daddr, 4);
+    return 2ull << 32 | (uint32_t)siphash(table_key, b, n);
+}
+
+static uint32_t owner_home(uint64_t owner)
+{
+    return (uint32_t)siphash(table_key, (const uint8_t *)&owner, sizeof owner) & mask;
+}
+
+/* The owner's slot, or the free one where it would go: never full, since no more owners than
+ * flows (at most 3/4 of the slots) hold any. */
+static uint32_t owner_find(uint64_t owner)
+{
+    uint32_t i = owner_home(owner);
+    while (owners[i].owner && owners[i].owner != owner)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static void owner_release(uint64_t owner)
+{
+    uint32_t i = owner_find(owner);
+    if (!owners[i].owner || --owners[i].n)
+        return;
+    for (uint32_t j = i;;) { /* backward-shift deletion, as erase() */
+        j = (j + 1) & mask;
+        if (!owners[j].owner)
+            break;
+        uint32_t home = owner_home(owners[j].owner);
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            owners[i] = owners[j];
+            i = j;
+        }
+    }
+    owners[i].owner = 0;
 }
 
 /* ---- negotiated flows --------------------------------------------------------------------- */
@@ -224,6 +287,7 @@ static uint32_t find(const struct nicd_flow_key *k)
 
 static void erase(uint32_t i)
 {
+    owner_release(slots[i].owner);
     /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
     uint32_t j = i;
     for (;;) {
@@ -242,27 +306,54 @@ static void erase(uint32_t i)
 
 static int expired(const struct slot *s, uint32_t now)
 {
-    return now - s->last_seen > idle_timeout;
+    uint32_t limit = s->closing && NICD_FIN_LINGER_S < idle_timeout ? NICD_FIN_LINGER_S : idle_timeout;
+    return now - s->last_seen > limit;
 }
 
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss)
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
+                         uint64_t owner)
 {
-    int rc = -1;
+    int rc = NICD_FLOWS_FULL;
     pthread_mutex_lock(&lock);
     if (slots) {
-        uint32_t i = find(k);
-        /* Keep the table at most 3/4 full so probe chains stay short. */
-        if (slots[i].used || count < (mask + 1) / 4 * 3) {
-            if (!slots[i].used)
-                count++;
-            slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now_s(),
-                                     .peer_mss = peer_mss,
-                                     .used = 1};
+        uint32_t i = find(k), now = now_s();
+        if (slots[i].used) /* a new connection of the key: the old entry and its charge go */
+            erase(i), i = find(k);
+        if (!owner) /* 0 marks a free owner slot: "none given" is an owner of its own */
+            owner = 3ull << 32;
+        uint32_t o = owner_find(owner);
+        if (owners[o].owner && owners[o].n >= owner_cap) {
+            rc = NICD_FLOWS_OWNER_FULL;
+        } else if (count < (mask + 1) / 4 * 3) { /* at most 3/4 full: probe chains stay short */
+            count++;
+            slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now,
+                                     .peer_mss = peer_mss, .owner = owner, .used = 1};
+            owners[o].owner = owner;
+            owners[o].n++;
             rc = 0;
         }
     }
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+int nicd_flows_close(const struct nicd_flow_key *k, int rst)
+{
+    int done = 0;
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (slots[i].used && rst) {
+            erase(i);
+            done = 1;
+        } else if (slots[i].used) {
+            done = !slots[i].closing;
+            slots[i].closing = 1;
+            slots[i].last_seen = now_s();
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return done;
 }
 
 enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
@@ -508,6 +599,18 @@ void nicd_flows_test_keys(const uint8_t table[16], const uint8_t nonce[16])
 void nicd_flows_test_advance(uint32_t ms)
 {
     __atomic_fetch_add(&clock_ahead_ms, ms, __ATOMIC_RELAXED);
+}
+
+uint32_t nicd_flows_test_owned(uint64_t owner)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = owner_find(owner);
+        n = owners[i].owner ? owners[i].n : 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 int64_t nicd_flows_test_slot(const struct nicd_flow_key *k)

@@ -6,7 +6,11 @@
  * picks addresses and ports cannot make keys collide):
  * - negotiated flows: only a verified handshake puts a flow here (an answered hello with our
  *   nonce, or the first compressed packet of a flow we answered); nothing a peer sends alone
- *   replaces or removes an entry. Bounded (flow_capacity); full means new flows stay raw.
+ *   replaces or removes an entry. Bounded (flow_capacity); full means new flows stay raw. Each
+ *   flow is charged to an owner (nicd_flows_owner_*), who may hold at most owner_cap of them, so
+ *   one local user (or one remote host) cannot fill the table and keep everyone else raw.
+ *   An entry ends at our own RST, some idle seconds after our own FIN (NICD_FIN_LINGER_S), or
+ *   after the idle timeout.
  * - hellos: handshakes in flight, a small set-associative table that evicts the oldest entry
  *   of a full set, preferring those a peer created over our own SYNs, so a flood of spoofed
  *   SYNs costs half-open hellos (counted) and never a negotiated flow.
@@ -42,17 +46,45 @@ struct nicd_hello {
     uint8_t tries;     /* ANSWERED: compressed packets that failed to confirm it */
     uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
     uint8_t nonce[NICD_NONCE_LEN];
+    uint64_t owner;    /* who the flow is charged to once negotiated (nicd_flows_owner_*) */
 };
 
+/* Owners. The kernel names the local user of our SYN's socket (NFQA_UID): the initiator's flows
+ * are that user's. The answerer's SYN-ACK comes from a request socket, which carries no user, so
+ * a flow the peer opened (or one whose SYN came without a user) is charged to the peer's address
+ * (IPv6: its /64, which one host usually holds whole), hashed under the table's secret key. */
+#define NICD_OWNER_UID(uid) ((1ull << 32) | (uint32_t)(uid))
+uint64_t nicd_flows_owner_of_peer(const struct nicd_flow_key *k); /* k: our egress direction */
+
 /* Returns 0, or -1 when out of memory. capacity is rounded up to a power of two; the hello
- * table gets capacity/16 entries (256 to 16384). */
-int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s);
+ * table gets capacity/16 entries (256 to 16384). owner_cap: negotiated flows one owner may
+ * hold at once. */
+int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s, uint32_t owner_cap);
 void nicd_flows_free(void);
 
 /* Record a negotiated flow, our ISN, the peer's and the MSS the peer advertised in its handshake
- * (what its segments toward it may carry; 0 if its SYN had no MSS option), replacing an older
- * entry of the key. Returns 0, or -1 when the table is full (the flow then simply stays raw). */
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss);
+ * (what its segments toward it may carry; 0 if its SYN had no MSS option), charged to owner,
+ * replacing an older entry of the key. Returns 0, NICD_FLOWS_FULL when the table is full, or
+ * NICD_FLOWS_OWNER_FULL when the owner already holds owner_cap flows (the flow then simply stays
+ * raw). */
+#define NICD_FLOWS_FULL (-1)
+#define NICD_FLOWS_OWNER_FULL (-2)
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
+                         uint64_t owner);
+
+/* Our own stack ends flow k. The entry serves only our direction (the peer restores its packets
+ * without any state of ours, and compresses its own direction from its own table), so only our
+ * packets decide:
+ * - rst: our RST left. Our socket is gone; nothing of this connection leaves after it (a new one
+ *   on the 4-tuple starts with a SYN, which forgets anyway). The entry is removed now.
+ * - else our FIN left. Our data and the FIN itself may still be retransmitted until the peer
+ *   acknowledges them, so the entry stays, but now expires after NICD_FIN_LINGER_S idle seconds
+ *   instead of the idle timeout; each retransmission refreshes it. One later than that leaves raw,
+ *   which is always valid (raw tagged packets are never restored).
+ * The peer's FIN or RST is not queued and would not be trusted: nothing a peer sends alone removes
+ * an entry. Returns 1 if this call removed the flow (rst) or started its linger (FIN), else 0. */
+#define NICD_FIN_LINGER_S 10
+int nicd_flows_close(const struct nicd_flow_key *k, int rst);
 
 /* A negotiated flow gives up compressing (NICD_FLOW_GIVE_UP) when its compressed packets do not
  * get through, seen as TCP sending the same data again: the same range sent NICD_RETX_LIMIT
@@ -131,16 +163,18 @@ int nicd_hello_fail(const struct nicd_flow_key *k, uint32_t isn, unsigned max_tr
 /* Hellos in the table now (a racy read: a hint that lets the hot path skip the lock). */
 uint32_t nicd_hello_count(void);
 
-/* Drop flows and hellos idle past their timeouts; returns how many flows. Active (negotiated)
- * flows in *active, hellos in flight in *hellos (either may be NULL). */
+/* Drop flows and hellos idle past their timeouts (a closing flow's: NICD_FIN_LINGER_S); returns
+ * how many flows. Active (negotiated) flows in *active, hellos in flight in *hellos (either may be
+ * NULL). */
 uint32_t nicd_flows_expire(uint32_t *active, uint32_t *hellos);
 
 /* For the unit test (tests/test_nicd_flows.py) only: SipHash-2-4 itself; set the keys (once the
  * table is empty: entries already in it stay where the old key put them); move the tables'
- * clock ahead; the slot a negotiated flow sits in (-1: none). */
+ * clock ahead; the slot a negotiated flow sits in (-1: none); the flows an owner holds. */
 uint64_t nicd_flows_test_siphash(const uint8_t key[16], const uint8_t *in, size_t len);
 void nicd_flows_test_keys(const uint8_t table[16], const uint8_t nonce[16]);
 void nicd_flows_test_advance(uint32_t ms);
 int64_t nicd_flows_test_slot(const struct nicd_flow_key *k);
+uint32_t nicd_flows_test_owned(uint64_t owner);
 
 #endif

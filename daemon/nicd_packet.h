@@ -66,6 +66,7 @@ enum nicd_result {
 /* TCP header flags (byte 13), as nicd_pkt.tcp_flags holds them. */
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
+#define TCP_RST 0x04
 #define TCP_PSH 0x08
 #define TCP_ACK 0x10
 #define TCP_CWR 0x80

@@ -234,13 +234,27 @@ static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
            o->tos_compressed == cx->cfg->tos_compressed;
 }
 
+/* Count a negotiation's outcome (nicd_flows_negotiate's result). */
+static void count_negotiated(struct ctx *cx, int rc)
+{
+    if (rc == NICD_FLOWS_OWNER_FULL)
+        COUNT(cx, FLOW_OWNER_FULL, 1);
+    else if (rc < 0)
+        COUNT(cx, FLOW_TABLE_FULL, 1);
+    else
+        COUNT(cx, FLOWS_NEGOTIATED, 1);
+}
+
 /* Our tagged SYN leaves: a new connection on this 4-tuple (any older negotiation is void);
- * it carries the hello option with a fresh nonce and the hello mark. */
-static void egress_syn(uint32_t id, const struct nicd_pkt *p,
+ * it carries the hello option with a fresh nonce and the hello mark. The flow will be charged to
+ * the user of the socket, as the kernel names it (NFQA_UID), else to the peer. */
+static void egress_syn(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
                        const struct nicd_flow_key *k, struct ctx *cx)
 {
     nicd_flows_forget(k);
-    struct nicd_hello h = {.state = NICD_HELLO_SENT, .isn = p->seq};
+    uint32_t uid;
+    struct nicd_hello h = {.state = NICD_HELLO_SENT, .isn = p->seq,
+                           .owner = nfq_get_uid(nfa, &uid) > 0 ? NICD_OWNER_UID(uid) : nicd_flows_owner_of_peer(k)};
     nicd_flows_nonce(k, p->seq, h.nonce);
     struct nicd_hello_opt o = our_option(cx, NICD_ROLE_HELLO, p->tos, h.nonce);
     ptrdiff_t r = nicd_add_option(p, &o, (uint8_t)((p->tos & 3) | cx->cfg->tos_hello), OUT(cx),
@@ -856,13 +870,21 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
 
     int codec = codec_of_mark(cx, p.tos);
     if (syn == TCP_SYN && codec) {
-        egress_syn(id, &p, &k, cx);
+        egress_syn(id, nfa, &p, &k, cx);
         return;
     }
     if (syn == (TCP_SYN | TCP_ACK)) {
         egress_synack(id, &p, &k, cx);
         return;
     }
+    if (p.tcp_flags & TCP_RST) { /* never compressed: the flow ends here (nicd_flows_close) */
+        if (nicd_flows_close(&k, 1))
+            COUNT(cx, FLOWS_CLOSED_RST, 1);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
+    if ((p.tcp_flags & TCP_FIN) && nicd_flows_close(&k, 0))
+        COUNT(cx, FLOWS_CLOSED_FIN, 1);
     if (!codec || p.payload_len == 0) {
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         return;
@@ -956,8 +978,9 @@ static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
     int agree = settings_agree(cx, &o);
     struct nicd_hello h;
     if (syn == TCP_SYN && o.role == NICD_ROLE_HELLO) {
+        /* the peer opens this flow: charged to it (our SYN-ACK's request socket names no user) */
         h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq,
-                                .peer_mss = mss_option(p)};
+                                .peer_mss = mss_option(p), .owner = nicd_flows_owner_of_peer(k)};
         memcpy(h.nonce, o.nonce, NICD_NONCE_LEN);
         if (nicd_hello_put(k, &h))
             COUNT(cx, HELLO_EVICTED, 1);
@@ -971,10 +994,7 @@ static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        if (nicd_flows_negotiate(k, h.isn, p->seq, mss_option(p)) < 0)
-            COUNT(cx, FLOW_TABLE_FULL, 1);
-        else
-            COUNT(cx, FLOWS_NEGOTIATED, 1);
+        count_negotiated(cx, nicd_flows_negotiate(k, h.isn, p->seq, mss_option(p), h.owner));
     }
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
@@ -1001,10 +1021,7 @@ static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_ke
     }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    if (nicd_flows_negotiate(k, h.isn, h.peer_isn, h.peer_mss) < 0)
-        COUNT(cx, FLOW_TABLE_FULL, 1);
-    else
-        COUNT(cx, FLOWS_NEGOTIATED, 1);
+    count_negotiated(cx, nicd_flows_negotiate(k, h.isn, h.peer_isn, h.peer_mss, h.owner));
 }
 
 /* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
@@ -1104,10 +1121,10 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
 
 /* A socket option (or queue binding) the daemon sets; which one goes into the bit of `warned` below. */
 enum sockopt_id { OPT_QUEUE_RCVBUF, OPT_QUEUE_SNDBUF, OPT_QUEUE_NO_ENOBUFS, OPT_RAW_SNDBUF, OPT_RAW_RECVERR,
-                  OPT_CT_RCVTIMEO, OPT_RAW_RECVERR6, OPT_BIND_PF6 };
+                  OPT_CT_RCVTIMEO, OPT_RAW_RECVERR6, OPT_BIND_PF6, OPT_UID_GID };
 
-/* Set a socket option; one the kernel refuses is said once per daemon (every queue thread sets
- * the same options), on stderr as the daemon's log lines are, with what it costs. Returns 0 or -1. */
+/* Say that a setting the kernel refused (`what`, errno e) costs `cost`: once per daemon (every
+ * queue thread sets the same ones), on stderr as the daemon's log lines are. */
 static void sockopt_warn(enum sockopt_id which, const char *what, int e, const char *cost)
 {
     static unsigned warned;
@@ -1117,6 +1134,7 @@ static void sockopt_warn(enum sockopt_id which, const char *what, int e, const c
     }
 }
 
+/* Set a socket option; a refusal is said by sockopt_warn. Returns 0 or -1. */
 static int sockopt(enum sockopt_id which, int fd, int level, int name, const void *v, socklen_t len,
                    const char *what, const char *cost)
 {
@@ -1210,6 +1228,10 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         fail(err, errlen, "gso: the kernel refuses NFQA_CFG_F_GSO on the egress queue", errno);
         goto out;
     }
+    /* the user of a SYN's socket: the owner its flow is charged to (egress_syn) */
+    if (nfq_set_queue_flags(qe, NFQA_CFG_F_UID_GID, NFQA_CFG_F_UID_GID) < 0)
+        sockopt_warn(OPT_UID_GID, "NFQA_CFG_F_UID_GID on the egress queue", errno,
+                     "flows are charged to their peer host, not to the local user (flow_owner_cap)");
     int fd = nfq_fd(h);
     int bufsize = 8 << 20, sndsize = 2 * BATCH_BYTES + (1 << 20), one = 1;
     sockopt(OPT_QUEUE_RCVBUF, fd, SOL_SOCKET, SO_RCVBUFFORCE, &bufsize, sizeof bufsize, "SO_RCVBUFFORCE",

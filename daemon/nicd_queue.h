@@ -27,6 +27,11 @@
     X(FLOWS_NEGOTIATED, "flows negotiated (initiator: a matching answer; answerer: the first "   \
                         "compressed packet of a flow it answered)")                              \
     X(FLOW_TABLE_FULL, "negotiated flows left raw because the flow table was full")              \
+    X(FLOW_OWNER_FULL, "negotiated flows left raw because their owner (the local user whose "    \
+                       "socket opened them, else the peer host that did) already held "          \
+                       "flow_owner_cap flows")                                                   \
+    X(FLOWS_CLOSED_RST, "negotiated flows removed when our RST left")                            \
+    X(FLOWS_CLOSED_FIN, "negotiated flows whose FIN left (removed after a few idle seconds)")    \
     X(HELLO_NO_ROOM, "handshakes without 16 bytes left in the TCP header (or a SYN with data), " \
                      "left raw")                                                                 \
     X(HELLO_WITHOUT_OPTION, "handshakes with the hello mark but without our option (a reflected " \

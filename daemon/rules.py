@@ -22,6 +22,8 @@ Egress (mangle POSTROUTING -o IFACE, after conntrack saw the original segment), 
   tagged TCP, IP length >= 100 (IPv6: >= 120) (one rule per mark)
                                   -> egress queue: compress (pure ACKs and tiny segments,
                                      which could never shrink, never cost a queue round trip)
+  tagged TCP with FIN or RST (one rule per mark; the long ones took the rule above)
+                                  -> egress queue: the flow's entry ends (nicd_flows_close)
   any TCP SYN-ACK                 -> egress queue: answer a peer's hello
 Ingress:
   raw PREROUTING -i IFACE: `tos_compressed` TCP with a payload, not a SYN (MAY_BE_COMPRESSED)
@@ -279,6 +281,8 @@ def rule_specs(cfg: NicdConfig, family: int = 4) -> list[tuple[str, list[str]]]:
         specs += [("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(m) + tag
                    + _queue_target(cfg.egress_queues, True)) for m in marks]
         specs += [("mangle", out + ["-m", "length", "--length", f"{min_length}:65535"] + _dscp(m) + tag
+                   + _queue_target(cfg.egress_queues, True)) for m in marks]
+        specs += [("mangle", out + ["!", "--tcp-flags", "FIN,RST", "NONE"] + _dscp(m) + tag
                    + _queue_target(cfg.egress_queues, True)) for m in marks]
         specs += [
             ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),

@@ -44,6 +44,8 @@ SETTINGS = (
     Setting("flow_timeout", 300, "int", "seconds a flow may idle before its state is dropped", "SECONDS",
             1, 86400 * 7),
     Setting("flow_capacity", 65536, "int", "flows the flow table holds", "FLOWS", 64, 1 << 24),
+    Setting("flow_owner_cap", 4096, "int", "negotiated flows one owner may hold at once (the local user whose "
+            "socket opened them, else the peer host that did); past it new flows stay raw", "FLOWS", 1, 1 << 24),
     Setting("log_level", "info", "choice", "what the daemon logs", choices=LOG_LEVELS, reload=True),
     Setting("socket", "/run/inceptionn/nicd.sock", "path", "stats socket", "PATH"),
     Setting("accept_only", False, "switch", "diagnostic: queue tagged packets both ways and accept them "

@@ -182,7 +182,8 @@ def format_stats(s: dict) -> str:
         f"ingress: {c['ingress_packets']} packets, {c['ingress_restored']} restored "
         f"({c['ingress_wire_bytes']} -> {c['ingress_orig_bytes']} payload bytes)",
         "tiers  : " + ", ".join(f"{n} {100 * v / total:.1f}%" for n, v in zip(("0bit", "8bit", "16bit", "32bit"), tiers)),
-        f"flows  : {s['flows_active']} active, {c['flows_negotiated']} negotiated, {s['flows_expired']} expired; "
+        f"flows  : {s['flows_active']} active, {c['flows_negotiated']} negotiated, {s['flows_expired']} expired, "
+        f"{c['flows_closed_rst']} ended by RST, {c['flows_closed_fin']} by FIN; "
         f"hellos {c['hello_sent']} sent / {c['hello_received']} received",
         # why handshakes did not negotiate: a peer without nicd, other settings, spoofs, floods
         f"refused: {c['hello_without_option']} without option, {c['hello_mismatch']} other settings, "
@@ -192,7 +193,8 @@ def format_stats(s: dict) -> str:
         f"network: {c['ingress_marks_rewritten']} compressed packets arrived with a rewritten mark "
         f"({c['flows_marks_rewritten']} flows); {c['flows_fell_back']} flows fell back to raw "
         f"({c['egress_raw_fell_back']} packets sent raw since); {c['confirm_failed']} answered hellos "
-        f"never confirmed; {c['flow_table_full']} flows left raw, table full",
+        f"never confirmed; {c['flow_table_full']} flows left raw, table full, {c['flow_owner_full']} owner at "
+        "its cap",
         "drops  : " + (", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none")
         + (f"; {c['verdict_errors']} verdicts refused" if c["verdict_errors"] else "")
         + (f"; queue overruns {c['recv_enobufs']}" if c["recv_enobufs"] else ""),

@@ -32,6 +32,7 @@ NONCE_KEY = bytes(range(16, 32))
 CAPACITY = 64            # the smallest table: 64 slots, at most 48 flows (3/4)
 HELLO_SETS = 256 // 8    # the smallest hello table: 256 ways in sets of 8
 HELLO_TIMEOUT_MS = 75_000
+OWNER = (1 << 32) | 1000  # NICD_OWNER_UID(1000): the flows of local user 1000
 
 
 def siphash(key: bytes, data: bytes) -> int:
@@ -72,7 +73,7 @@ def keys_where(pred, count: int, start: int = 1) -> list:
 @pytest.fixture
 def tables():
     """Fresh tables with known keys, freed afterwards (the module's tables are process-wide)."""
-    assert lib.nicd_flows_init(CAPACITY, 30) == 0
+    assert lib.nicd_flows_init(CAPACITY, 30, CAPACITY) == 0
     lib.nicd_flows_test_keys(TABLE_KEY, NONCE_KEY)
     yield
     lib.nicd_flows_free()
@@ -118,7 +119,7 @@ def test_siphash_reference_vectors():
 
 def test_table_and_nonce_use_siphash_with_their_keys(tables):
     k = key(1234)
-    assert lib.nicd_flows_negotiate(k, 77, 0, 1460) == 0
+    assert lib.nicd_flows_negotiate(k, 77, 0, 1460, OWNER) == 0
     assert slot(k) == home(k)
     nonce = ffi.new("uint8_t[6]")
     lib.nicd_flows_nonce(k, 0xDEADBEEF, nonce)
@@ -133,7 +134,7 @@ def test_deletion_inside_a_probe_chain_shifts_back(tables):
     a, b, c = keys_where(lambda k: home(k) == h, 3)
     (f,) = keys_where(lambda k: home(k) == 0, 1)
     for k, isn in ((a, 1), (b, 2), (f, 3), (c, 4)):
-        assert lib.nicd_flows_negotiate(k, isn, 0, 1460) == 0
+        assert lib.nicd_flows_negotiate(k, isn, 0, 1460, OWNER) == 0
     assert [slot(k) for k in (a, b, f, c)] == [62, 63, 0, 1]
 
     lib.nicd_flows_forget(b)
@@ -150,14 +151,91 @@ def test_deletion_inside_a_probe_chain_shifts_back(tables):
 def test_a_full_table_refuses_new_flows_only(tables):
     ks = keys_where(lambda k: True, CAPACITY * 3 // 4 + 1)
     for i, k in enumerate(ks[:-1]):
-        assert lib.nicd_flows_negotiate(k, i, 0, 1460) == 0
-    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460) == -1  # 3/4 full: new flows stay raw
+        assert lib.nicd_flows_negotiate(k, i, 0, 1460, OWNER) == 0
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER) == -1  # 3/4 full: new flows stay raw
     assert negotiated(ks[-1]) is None
-    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460) == 0  # a known flow is still replaced
+    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460, OWNER) == 0  # a known flow is still replaced
     assert [negotiated(k) for k in ks[:-1]] == [1000] + list(range(1, len(ks) - 1))
     lib.nicd_flows_forget(ks[5])
-    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460) == 0 and negotiated(ks[-1]) == 99
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER) == 0 and negotiated(ks[-1]) == 99
     assert expire() == (0, CAPACITY * 3 // 4, 0)
+
+
+def owned(owner: int) -> int:
+    return int(lib.nicd_flows_test_owned(owner))
+
+
+def test_one_owner_cannot_fill_the_table():
+    """flow_owner_cap: an owner at its cap gets NICD_FLOWS_OWNER_FULL (its new flow stays raw)
+    while every other owner still negotiates; each way an entry ends gives its place back."""
+    assert lib.nicd_flows_init(CAPACITY, 30, 5) == 0
+    try:
+        lib.nicd_flows_test_keys(TABLE_KEY, NONCE_KEY)
+        ks = keys_where(lambda k: True, 40)
+        users = [(1 << 32) | uid for uid in range(8)]
+        for k in ks[:5]:
+            assert lib.nicd_flows_negotiate(k, 1, 0, 1460, users[0]) == 0
+        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0]) == lib.NICD_FLOWS_OWNER_FULL == -2
+        assert negotiated(ks[5]) is None and owned(users[0]) == 5
+        for i, k in enumerate(ks[5:30]):  # five other users, five flows each: all fit
+            assert lib.nicd_flows_negotiate(k, 2, 0, 1460, users[1 + i // 5]) == 0
+        assert [owned(u) for u in users] == [5] * 6 + [0, 0]
+        # a key negotiated again (a new connection on the 4-tuple) moves to its new owner
+        assert lib.nicd_flows_negotiate(ks[0], 3, 0, 1460, users[6]) == 0
+        assert owned(users[0]) == 4 and owned(users[6]) == 1
+        # forget (a new SYN), RST, and expiry each give the owner its place back
+        lib.nicd_flows_forget(ks[1])
+        assert lib.nicd_flows_close(ks[2], 1) == 1
+        assert owned(users[0]) == 2
+        for k in ks[3:5]:
+            assert lib.nicd_flows_close(k, 0) == 1  # our FIN: lingers, still owned
+        assert owned(users[0]) == 2
+        lib.nicd_flows_test_advance((lib.NICD_FIN_LINGER_S + 1) * 1000)
+        assert expire()[0] == 2 and owned(users[0]) == 0
+        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0]) == 0
+        # owner 0 (none given) is an owner of its own, never a free slot
+        assert lib.nicd_flows_negotiate(ks[30], 1, 0, 1460, 0) == 0 and owned(3 << 32) == 1
+        lib.nicd_flows_test_advance(31_000)
+        assert expire() == (27, 0, 0) and [owned(u) for u in users] == [0] * 8 and owned(3 << 32) == 0
+    finally:
+        lib.nicd_flows_free()
+
+
+def test_rst_removes_and_fin_lingers(tables):
+    """Our RST removes the flow at once; our FIN leaves it for retransmissions until
+    NICD_FIN_LINGER_S idle seconds (each one refreshes it), not the idle timeout (30 s here)."""
+    a, b, c = keys_where(lambda k: True, 3)
+    for k in (a, b, c):
+        assert lib.nicd_flows_negotiate(k, 7, 0, 1460, OWNER) == 0
+    assert lib.nicd_flows_close(a, 1) == 1 and negotiated(a) is None and slot(a) == -1
+    assert lib.nicd_flows_close(a, 1) == 0  # nothing left to remove
+    assert lib.nicd_flows_close(b, 0) == 1 and lib.nicd_flows_close(b, 0) == 0  # the FIN counted once
+    linger_ms = lib.NICD_FIN_LINGER_S * 1000
+    lib.nicd_flows_test_advance(linger_ms - 1000)
+    assert negotiated(b) == 7  # a retransmission after the FIN: still compressed, clock refreshed
+    lib.nicd_flows_test_advance(linger_ms - 1000)
+    assert expire() == (0, 2, 0)
+    lib.nicd_flows_test_advance(2000)
+    assert expire() == (1, 1, 0) and negotiated(b) is None
+    assert negotiated(c) == 7  # the open flow keeps the whole idle timeout
+
+
+def test_owner_of_a_peer_is_its_address_or_its_64(tables):
+    k1, k2 = key(1000, daddr=0x0200_12C6), key(2000, dport=6000, daddr=0x0200_12C6)
+    k3 = key(1000, daddr=0x0300_12C6)
+    o = [int(lib.nicd_flows_owner_of_peer(k)) for k in (k1, k2, k3)]
+    assert o[0] == o[1] != o[2] and all(x >> 32 == 2 for x in o)
+
+    def key6(last: int, sport: int = 1000):
+        k = ffi.new("struct nicd_flow_key *")
+        k.v6, k.sport, k.dport = 1, sport, 5000
+        k.daddr6 = bytes([0x20, 0x01, 0, 2] + [0] * 11 + [last])
+        return k
+    o6 = [int(lib.nicd_flows_owner_of_peer(k)) for k in (key6(1), key6(2, 3000))]
+    assert o6[0] == o6[1]  # one /64, one owner
+    k = key6(1)
+    k.daddr6 = bytes([0x20, 0x01, 0, 3] + [0] * 11 + [1])
+    assert int(lib.nicd_flows_owner_of_peer(k)) != o6[0]
 
 
 def test_hello_eviction_takes_the_oldest_peer_hello_then_the_oldest_of_ours(tables):
@@ -191,7 +269,7 @@ def test_idle_flows_and_stale_hellos_expire(tables):
     a, b = keys_where(lambda k: home(k) == 7, 2)
     (c,) = keys_where(lambda k: home(k) not in (7, 8), 1)
     for k in (a, b, c):
-        assert lib.nicd_flows_negotiate(k, 5, 0, 1460) == 0
+        assert lib.nicd_flows_negotiate(k, 5, 0, 1460, OWNER) == 0
     lib.nicd_flows_test_advance(20_000)
     assert negotiated(b) == 5  # use refreshes its clock
     lib.nicd_flows_test_advance(15_000)

@@ -66,26 +66,26 @@ def test_daemon_installs_both_families_and_removes_them(tmp_path, tb_name):
         for run in ("stop", "crash"):
             with running_nicd(h, tmp_path, tag=run) as d:
                 v4, v6 = ours(h, "iptables"), ours(h)
-                assert len([x for x in v6 if TAG in x]) == len(rules.rule_specs(CFG, 6)) == 8, v6
+                assert len([x for x in v6 if TAG in x]) == len(rules.rule_specs(CFG, 6)) == 10, v6
                 assert queue_targets(v6) == queue_targets(v4), (v4, v6)
                 assert sum(DROP in x for x in v6) == 1 and sum(DROP in x for x in v4) == 1
                 text6 = "\n".join(v6)
                 assert text6.count(rules.MAY_BE_COMPRESSED6) == 2 and rules.MAY_BE_COMPRESSED not in text6
                 assert text6.count(rules.LOOKS_COMPRESSED6) == 1
                 assert text6.count("--length 120:65535") == 2 and "--length 100:" not in text6
-                assert "installed 16 netfilter rules (IPv4 and IPv6) on eth0" in d.log_text()
+                assert "installed 20 netfilter rules (IPv4 and IPv6) on eth0" in d.log_text()
                 probe = rules.probe_status(h.run(["sh", "-c", rules.probe_script()], capture_output=True,
                                                  text=True).stdout)
-                assert {r.family for r in probe.queue_rules} == {4, 6} and len(probe.queue_rules) == 16
+                assert {r.family for r in probe.queue_rules} == {4, 6} and len(probe.queue_rules) == 2 * len(rules.rule_specs(CFG))
                 assert probe.unread == [] and probe.interfaces == ["eth0"]
                 if run == "crash":
                     d.kill()
             if run == "stop":
-                assert "removed 8 rule(s) (IPv4), 8 (IPv6)" in d.log_text(), d.log_text()
+                assert "removed 10 rule(s) (IPv4), 10 (IPv6)" in d.log_text(), d.log_text()
         # the crashed daemon left its rules in both families
-        assert len([x for x in ours(h) if TAG in x]) == 8
+        assert len([x for x in ours(h) if TAG in x]) == len(rules.rule_specs(CFG))
         r = nicd(h, "--cleanup", "--socket", str(tmp_path / "x.sock"))
-        assert r.returncode == 0 and "removed 8 rule(s) (IPv4), 8 (IPv6)" in r.stderr, r.stderr
+        assert r.returncode == 0 and "removed 10 rule(s) (IPv4), 10 (IPv6)" in r.stderr, r.stderr
         assert len(ours(h)) == 1 and DROP in ours(h)[0]
         r = nicd(h, "--uninstall", "--socket", str(tmp_path / "x.sock"))
         assert r.returncode == 0 and "removed 1 rule(s) (IPv4), 1 (IPv6)" in r.stderr, r.stderr
@@ -114,7 +114,7 @@ def test_without_ip6tables_ipv4_only_in_one_line(tmp_path, tb_name):
             assert [x for x in lines if "IPv6" in x] == [
                 x for x in lines if "IPv6 is not covered: ip6tables is not installed" in x], lines
             assert sum("IPv6 is not covered" in x for x in lines) == 1, lines
-            assert len([x for x in ours(h, "iptables") if TAG in x]) == 8 and ours(h) == []
+            assert len([x for x in ours(h, "iptables") if TAG in x]) == len(rules.rule_specs(CFG)) and ours(h) == []
             d.send_signal(signal.SIGTERM)
             rest = d.stdout.read()
             assert d.wait(timeout=30) == 0, rest
@@ -122,7 +122,7 @@ def test_without_ip6tables_ipv4_only_in_one_line(tmp_path, tb_name):
             if d.poll() is None:
                 d.kill()
                 d.wait()
-        assert "removed 8 rule(s) (IPv4);" in rest, rest
+        assert "removed 10 rule(s) (IPv4);" in rest, rest
         r = nicd(h, "--uninstall", "--socket", str(tmp_path / "n.sock"), env=env)
         assert r.returncode == 0 and r.stderr.strip().endswith("removed 1 rule(s) (IPv4)"), r.stderr
         assert ours(h, "iptables") == []
@@ -310,7 +310,7 @@ def test_disable_ipv6_still_gets_both_families(tmp_path, tb_name):
         (h,) = tb.hosts
         h.run(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"], check=True)
         with running_nicd(h, tmp_path) as d:
-            assert len([x for x in ours(h) if TAG in x]) == 8
+            assert len([x for x in ours(h) if TAG in x]) == len(rules.rule_specs(CFG))
             assert "IPv6 is not covered" not in d.log_text()
-        assert "removed 8 rule(s) (IPv4), 8 (IPv6)" in d.log_text(), d.log_text()
+        assert "removed 10 rule(s) (IPv4), 10 (IPv6)" in d.log_text(), d.log_text()
         assert len(ours(h)) == 1 and DROP in ours(h)[0]
