@@ -12,7 +12,8 @@ is exported to be counted twice.
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
+import stat
 
 PREFIX = "inceptionn_nicd"
 FORMATS = ("openmetrics", "prometheus")
@@ -99,30 +100,119 @@ def check_textfile(path: str) -> None:
                         " (under systemd: ReadWritePaths=)")
 
 
-def write_textfile(path: str, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (a scraper reads the old file or the new one,
-    never half of one): a temporary file in the same directory, made readable to the collector
-    (node_exporter runs as its own user; the daemon's umask is 0077), then renamed over it. The
-    temporary name does not end in .prom, so the textfile collector never reads it."""
-    directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-        os.replace(tmp, path)
-    except BaseException:
+class TextfileWriter:
+    """The daemon's metrics file. Its directory is opened once, at start, and every write and the
+    removal go through that descriptor (openat, renameat, unlinkat): a directory someone later
+    renames away or replaces with a link elsewhere is never followed. The daemon removes only
+    the file it wrote last (its inode, remembered at each write): whatever else stands at the
+    path by then (a directory, a link, someone's file) stays, and the stop goes on."""
+
+    def __init__(self, path: str):
+        from ..errors import UserError
+
+        directory, self.name = os.path.split(path)
+        self.path = path
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            self.dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise UserError(f"metrics_textfile {path}: cannot open {directory}: {exc.strerror}") from None
+        self.written: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we renamed in
+
+    def write(self, text: str) -> None:
+        """Replace the file with ``text`` atomically (a scraper reads the old file or the new one,
+        never half of one): a temporary file in the same directory, made readable to the
+        collector (node_exporter runs as its own user; the daemon's umask is 0077), then renamed
+        over it. The temporary name does not end in .prom, so the textfile collector never reads
+        it. Raises OSError (the caller logs and retries)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        while True:
+            tmp = f".{self.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(tmp, flags, 0o644, dir_fd=self.dir_fd)
+                break
+            except FileExistsError:
+                continue
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), 0o644)
+                st = os.fstat(f.fileno())
+            os.replace(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=self.dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+        self.written = (st.st_dev, st.st_ino)
+
+    def remove(self) -> str | None:
+        """On stop: the counters of a daemon that no longer runs are not served as if current.
+        Removes the file if it is still the one we wrote; never raises. Returns why something
+        was left in place, or None."""
+        try:
+            try:
+                st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != self.written:
+                return f"{self.path} is not the file nicd wrote ({_kind(st.st_mode)}); left in place"
+            os.unlink(self.name, dir_fd=self.dir_fd)
+            return None
+        except OSError as exc:
+            return f"cannot remove {self.path}: {exc.strerror}"
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
 
 
-def remove_textfile(path: str) -> None:
-    """On stop: the counters of a daemon that no longer runs are not served as if current."""
+# What every file the daemon writes starts with (the first family of exposition(), prometheus).
+SIGNATURE = f"# HELP {PREFIX}_info ".encode()
+
+
+def remove_stale_textfile(path: str) -> str | None:
+    """``--cleanup`` after a crash: remove what a dead daemon left at ``path``, without its
+    inode to go by: only a regular file (never through a link), ours (this user's), that starts
+    as the daemon writes it. Anything else stays. Never raises; returns why something was left in
+    place, or None. (The directory is node_exporter's, writable by root only: nobody else can
+    swap the file between the check and the unlink.)"""
+    directory, name = os.path.split(path)
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None  # no directory there: nothing of ours either
+    try:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return f"{path} is not a metrics file ({_kind(st.st_mode)}); left in place"
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            same = os.fstat(fd)
+            head = os.read(fd, len(SIGNATURE))
+        finally:
+            os.close(fd)
+        if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino) or same.st_uid != os.geteuid() \
+                or head != SIGNATURE:
+            return f"{path} is not a metrics file nicd wrote; left in place"
+        os.unlink(name, dir_fd=dir_fd)
+        return None
+    except OSError as exc:
+        return f"cannot remove {path}: {exc.strerror}"
+    finally:
+        os.close(dir_fd)
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "another file")):
+        if test(mode):
+            return what
+    return "a device"

@@ -72,7 +72,8 @@ def _remove_stale_files(args) -> None:
     stats.remove_stale(_configured(args, "socket"))
     textfile = _configured(args, "metrics_textfile")
     if textfile.endswith(".prom") and not rules.running_instances():  # else a running daemon's
-        metrics.remove_textfile(textfile)
+        if (left := metrics.remove_stale_textfile(textfile)) is not None:
+            print(f"nicd: metrics: {left}", file=sys.stderr)
 
 
 def cleanup(args) -> int:
@@ -152,6 +153,7 @@ def run(args) -> int:
     stats.check_path(cfg.socket)  # before any rule: a wrong path costs nothing to refuse
     if cfg.metrics_textfile:
         metrics.check_textfile(cfg.metrics_textfile)
+    writer = metrics.TextfileWriter(cfg.metrics_textfile) if cfg.metrics_textfile else None
     loaded = dataclasses.replace(cfg)  # as written: a reload compares with this (gso may say "auto")
     cfg.gso = resolve_gso(cfg.gso)
 
@@ -192,7 +194,7 @@ def run(args) -> int:
                     "counters": dp.snapshot(), "queues": dp.snapshot_queues()}
 
         server = StatsServer(cfg.socket, snapshot)
-        textfile = Textfile(cfg.metrics_textfile, cfg.metrics_interval, snapshot) if cfg.metrics_textfile else None
+        textfile = Textfile(writer, cfg.metrics_interval, snapshot) if writer else None
         log.info("running%s%s: %s, codec %s 2^%d, queues egress %s ingress %s, stats at %s%s",
                  " ACCEPT-ONLY (diagnostic, nothing is compressed)" if cfg.accept_only else "",
                  " with GSO super-packets" if cfg.gso else "",
@@ -216,14 +218,14 @@ def run(args) -> int:
             log.info("stopping")
             rc = 0
     finally:
-        clean = _teardown(cfg, server, dp)
+        clean = _teardown(cfg, server, dp, writer)
     return rc if clean else 1
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
-def _teardown(cfg, server, dp) -> bool:
+def _teardown(cfg, server, dp, writer) -> bool:
     """Remove this instance's rules (verified gone), the metrics file and the socket, stop the
     queue threads. False if a rule could not be removed: the exit status then says so."""
     # From here on this thread takes no stop signal (they stay pending until the process is
@@ -237,8 +239,8 @@ def _teardown(cfg, server, dp) -> bool:
     except UserError as exc:
         log.error("stop: %s; `inceptionn nicd --cleanup` removes them once this daemon has exited", exc)
         clean = False
-    if cfg.metrics_textfile:
-        metrics.remove_textfile(cfg.metrics_textfile)
+    if writer and (left := writer.remove()) is not None:
+        log.warning("metrics: %s", left)
     if server:
         server.close()
     dp.stop()
@@ -249,8 +251,8 @@ class Textfile:
     """The counters for node_exporter's textfile collector, written every ``interval`` seconds
     (and at once), atomically; a failed write is logged once per streak and retried."""
 
-    def __init__(self, path: str, interval: int, snapshot):
-        self.path, self.interval, self.snapshot = path, interval, snapshot
+    def __init__(self, writer: metrics.TextfileWriter, interval: int, snapshot):
+        self.writer, self.path, self.interval, self.snapshot = writer, writer.path, interval, snapshot
         self.next, self.failing = 0.0, False
         self.tick()
 
@@ -259,7 +261,7 @@ class Textfile:
             return
         self.next = time.monotonic() + self.interval
         try:
-            metrics.write_textfile(self.path, metrics.exposition(self.snapshot(), "prometheus"))
+            self.writer.write(metrics.exposition(self.snapshot(), "prometheus"))
         except OSError as exc:
             if not self.failing:
                 log.warning("metrics: cannot write %s (%s), retrying every %d s", self.path, exc.strerror,
