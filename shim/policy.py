@@ -12,7 +12,9 @@ allowed:
 NIC's own marks on the wire (compressed data, handshake).
 
     >>> parse_policy("port=23000-23099").canonical
-    'port=23000-23099,tos=0x28,override=keep'
+    'port=23000-23099,tos=0x24,override=keep'
+    >>> parse_policy("port=23000, tos=0x28").canonical
+    'port=23000,tos=0x28,override=keep'
 """
 from __future__ import annotations
 
