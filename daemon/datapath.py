@@ -67,11 +67,16 @@ class Datapath:
             if w["thread"] is not None:
                 w["thread"].join(timeout=5)
         lib.nicd_flows_free()
+        lib.nicd_pmtu_free()
 
     def expire_flows(self) -> tuple[int, int]:
-        """Drop idle flows and stale hellos; (flows expired, negotiated flows active)."""
+        """Once a second, off the queue threads: drop idle flows and stale hellos, and look the
+        path MTUs of gso's destinations up again (daemon/nicd_pmtu.h). Returns (flows expired,
+        negotiated flows active)."""
         active = ffi.new("uint32_t *")
         expired = lib.nicd_flows_expire(active, ffi.NULL)
+        if self.cfg.gso:
+            lib.nicd_pmtu_refresh()
         return int(expired), int(active[0])
 
     def snapshot_queues(self) -> list[dict]:

@@ -311,7 +311,7 @@ static int expired(const struct slot *s, uint32_t now)
 }
 
 int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
-                         uint64_t owner)
+                         uint64_t owner, const struct nicd_flow_view *view)
 {
     int rc = NICD_FLOWS_FULL;
     pthread_mutex_lock(&lock);
@@ -328,6 +328,8 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
             count++;
             slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now,
                                      .peer_mss = peer_mss, .owner = owner, .used = 1};
+            if (view)
+                slots[i].view = *view;
             owners[o].owner = owner;
             owners[o].n++;
             rc = 0;
@@ -397,17 +399,6 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
     }
     pthread_mutex_unlock(&lock);
     return st;
-}
-
-void nicd_flows_set_view(const struct nicd_flow_key *k, const struct nicd_flow_view *v)
-{
-    pthread_mutex_lock(&lock);
-    if (slots) {
-        uint32_t i = find(k);
-        if (slots[i].used)
-            slots[i].view = *v;
-    }
-    pthread_mutex_unlock(&lock);
 }
 
 int nicd_flows_note_rewritten(const struct nicd_flow_key *k)

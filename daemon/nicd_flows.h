@@ -31,6 +31,17 @@ struct nicd_flow_key {
     uint8_t saddr6[16], daddr6[16];
 };
 
+/* The flow's packets as conntrack saw them on their way out, before any NAT rewrote them
+ * (nicd_queue.c, conntrack_view, asked at the handshake): what the packets the raw socket sends
+ * must look like to be NATed as the connection's own. Addresses and ports in network order. */
+struct nicd_flow_view {
+    uint8_t known;     /* 0 or 1: as the hook sees them (0: not asked); 2: these addresses */
+    uint32_t saddr, daddr;
+    uint16_t sport, dport;
+    uint8_t v6;        /* 1: IPv6, addresses in saddr6/daddr6 */
+    uint8_t saddr6[16], daddr6[16];
+};
+
 enum nicd_hello_state {
     NICD_HELLO_NONE = 0,
     NICD_HELLO_SENT,     /* we sent a tagged SYN with the hello option; awaiting the answer */
@@ -47,6 +58,7 @@ struct nicd_hello {
     uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
     uint8_t nonce[NICD_NONCE_LEN];
     uint64_t owner;    /* who the flow is charged to once negotiated (nicd_flows_owner_*) */
+    struct nicd_flow_view view; /* ANSWERED: asked when our SYN-ACK left */
 };
 
 /* Owners. The kernel names the local user of our SYN's socket (NFQA_UID): the initiator's flows
@@ -64,13 +76,13 @@ void nicd_flows_free(void);
 
 /* Record a negotiated flow, our ISN, the peer's and the MSS the peer advertised in its handshake
  * (what its segments toward it may carry; 0 if its SYN had no MSS option), charged to owner,
- * replacing an older entry of the key. Returns 0, NICD_FLOWS_FULL when the table is full, or
- * NICD_FLOWS_OWNER_FULL when the owner already holds owner_cap flows (the flow then simply stays
- * raw). */
+ * with its view (NULL: as the hook sees its packets), replacing an older entry of the key.
+ * Returns 0, NICD_FLOWS_FULL when the table is full, or NICD_FLOWS_OWNER_FULL when the owner
+ * already holds owner_cap flows (the flow then simply stays raw). */
 #define NICD_FLOWS_FULL (-1)
 #define NICD_FLOWS_OWNER_FULL (-2)
 int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
-                         uint64_t owner);
+                         uint64_t owner, const struct nicd_flow_view *view);
 
 /* Our own stack ends flow k. The entry serves only our direction (the peer restores its packets
  * without any state of ours, and compresses its own direction from its own table), so only our
@@ -104,17 +116,6 @@ enum nicd_flow_state {
     NICD_FLOW_GIVE_UP,  /* this very range makes it RAW (returned once per flow) */
 };
 
-/* The flow's packets as conntrack saw them on their way out, before any NAT rewrote them
- * (nicd_queue.c, conntrack_view): what the packets the raw socket sends must look like to be
- * NATed as the connection's own. Addresses and ports in network order. */
-struct nicd_flow_view {
-    uint8_t known;     /* 0: not looked up yet; 1: as the hook sees them; 2: these addresses */
-    uint32_t saddr, daddr;
-    uint16_t sport, dport;
-    uint8_t v6;        /* 1: IPv6, addresses in saddr6/daddr6 */
-    uint8_t saddr6[16], daddr6[16];
-};
-
 struct nicd_flow_info {
     uint32_t isn;       /* our ISN */
     uint32_t peer_isn;  /* the peer's ISN (its low bits are the echo our packets carry) */
@@ -124,9 +125,6 @@ struct nicd_flow_info {
     uint8_t high_fin;   /* and whether a FIN followed it */
     struct nicd_flow_view view;
 };
-
-/* Remember the view of a negotiated flow (looked up once per flow). */
-void nicd_flows_set_view(const struct nicd_flow_key *k, const struct nicd_flow_view *v);
 
 /* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte, fin whether
  * the segment carries a FIN. Returns the

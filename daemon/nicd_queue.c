@@ -14,21 +14,17 @@
 #include <linux/netfilter/nfnetlink_queue.h>
 #include <linux/netfilter/nfnetlink_conntrack.h>
 #include <linux/netlink.h>
-#include <net/if.h>
 #include <netinet/in.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#ifndef SO_BINDTOIFINDEX
-#define SO_BINDTOIFINDEX 62
-#endif
 #include <sys/uio.h>
 
 #include "inceptionn_codec.h"
 #include "nicd_flows.h"
 #include "nicd_packet.h"
+#include "nicd_pmtu.h"
 
 #ifndef SOL_NETLINK
 #define SOL_NETLINK 270
@@ -47,15 +43,6 @@
 /* gso: compressed packets per super-packet at most (64 KB in MTU-sized packets that are each
  * smaller than what they cover: 45 at MTU 1500; a smaller MTU leaves the super-packet raw). */
 #define GSO_MAX_SEGS 64
-
-/* gso: the path MTU toward a destination, per egress interface, re-read every second. */
-#define MTU_CACHE 16
-struct path_mtu {
-    uint8_t daddr[16]; /* IPv4: the first 4 bytes */
-    uint8_t v6;
-    uint32_t ifindex, checked;
-    size_t mtu;
-};
 
 /* One NFQNL_MSG_VERDICT message up to the payload attribute's data (all 4-byte aligned). */
 struct verdict_msg {
@@ -87,8 +74,6 @@ struct ctx {
     size_t seg_len[GSO_MAX_SEGS];
     uint8_t segs[NICD_MAX_PACKET + GSO_MAX_SEGS * 128];
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
-    int udp_fd, udp6_fd; /* unsent-to, connected only to look up a destination's path MTU */
-    struct path_mtu mtus[MTU_CACHE];
     int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
     int no_proto6;     /* ... or the protocol in sin6_port on the IPv6 one */
     int ct_fd;         /* ctnetlink: a flow's addresses before NAT (conntrack_view) */
@@ -234,6 +219,9 @@ static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
            o->tos_compressed == cx->cfg->tos_compressed;
 }
 
+static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_flow_key *k);
+static size_t egress_mtu(const struct ctx *cx, uint32_t ifindex, const struct nicd_pkt *p, int fresh);
+
 /* Count a negotiation's outcome (nicd_flows_negotiate's result). */
 static void count_negotiated(struct ctx *cx, int rc)
 {
@@ -267,11 +255,15 @@ static void egress_syn(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt 
     if (nicd_hello_put(k, &h))
         COUNT(cx, HELLO_EVICTED, 1);
     COUNT(cx, HELLO_SENT, 1);
+    if (cx->cfg->gso) /* the path MTU for its super-packets, now rather than on a data packet */
+        egress_mtu(cx, nfq_get_outdev(nfa), p, 0);
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
-/* Our SYN-ACK leaves: answer the peer's hello if this SYN-ACK answers that very SYN. */
-static void egress_synack(uint32_t id, const struct nicd_pkt *p,
+/* Our SYN-ACK leaves: answer the peer's hello if this SYN-ACK answers that very SYN. What the
+ * flow's data packets will need of the kernel (its view before NAT, the path MTU) is asked now,
+ * once, not on a data packet. */
+static void egress_synack(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
                           const struct nicd_flow_key *k, struct ctx *cx)
 {
     nicd_flows_forget(k); /* our stack accepts this 4-tuple anew */
@@ -299,72 +291,33 @@ static void egress_synack(uint32_t id, const struct nicd_pkt *p,
     h.state = NICD_HELLO_ANSWERED; /* a retransmitted SYN-ACK is answered again */
     h.isn = p->seq;
     h.tries = 0;
+    h.view = conntrack_view(cx, k);
+    if (cx->cfg->gso)
+        egress_mtu(cx, nfq_get_outdev(nfa), p, 0);
     if (nicd_hello_put(k, &h))
         COUNT(cx, HELLO_EVICTED, 1);
     COUNT(cx, HELLO_SENT, 1);
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
-/* The MTU a packet toward p's destination may have when it leaves by interface ifindex: the
- * interface's MTU, lowered to the route's (a route `mtu`, or a path MTU learned from ICMP or
- * ICMPv6 "packet too big": what TCP cuts its segments to). A compressed packet sized to the
- * interface alone would not pass a smaller path MTU: the raw socket refuses it (EMSGSIZE, DF is
- * set; IPv6 routers never fragment either), and the flow would only crawl on through its one-MSS
- * retransmissions. Cached per thread for a second (fresh: looked up now); 0 if unknown. */
-static size_t egress_mtu(struct ctx *cx, uint32_t ifindex, const struct nicd_pkt *p, int fresh)
+/* The MTU a packet toward p's destination may have when it leaves by interface ifindex
+ * (nicd_pmtu.h): a compressed packet sized to the interface alone would not pass a smaller path
+ * MTU (the raw socket refuses it: EMSGSIZE, DF is set; IPv6 routers never fragment either), and
+ * the flow would only crawl on through its one-MSS retransmissions. Read from the table the
+ * handshakes fill and the main thread refreshes every second; looked up here (system calls)
+ * only when fresh (the raw socket refused a packet for its size) or when the table has none
+ * (its handshake's entry was pushed out or went idle). 0 if unknown, or if no raw socket of p's
+ * family could be opened. */
+static size_t egress_mtu(const struct ctx *cx, uint32_t ifindex, const struct nicd_pkt *p, int fresh)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    if ((p->v6 ? cx->raw6_fd : cx->raw_fd) < 0) /* no raw socket of the family: nothing to cut for */
+        return 0;
     uint8_t daddr[16] = {0};
-    uint32_t h;
-    if (p->v6) {
-        memcpy(daddr, p->daddr6, 16);
-        h = 0;
-        for (int i = 0; i < 16; i += 4)
-            h = (h ^ ((uint32_t)daddr[i] << 24 | (uint32_t)daddr[i + 1] << 16 | daddr[i + 2] << 8 | daddr[i + 3])) *
-                0x9E3779B1u;
-        h = (h ^ ifindex) * 0x9E3779B1u;
-    } else {
-        memcpy(daddr, &p->daddr, 4);
-        /* every bit of the address counts: the peers of one host usually share a /24 */
-        h = (ntohl(p->daddr) ^ ifindex) * 0x9E3779B1u;
-    }
-    struct path_mtu *e = &cx->mtus[(h >> 16) % MTU_CACHE];
-    if (!fresh && e->v6 == p->v6 && memcmp(e->daddr, daddr, 16) == 0 && e->ifindex == ifindex &&
-        e->checked == (uint32_t)ts.tv_sec && e->checked)
-        return e->mtu;
-    struct ifreq ifr = {0};
-    size_t mtu = 0;
-    int fd = p->v6 ? cx->udp6_fd : cx->udp_fd;
-    if (fd >= 0 && ifindex && if_indextoname(ifindex, ifr.ifr_name) && ioctl(fd, SIOCGIFMTU, &ifr) == 0 &&
-        ifr.ifr_mtu > 0)
-        mtu = (size_t)ifr.ifr_mtu;
-    /* connect() on a datagram socket only looks the route up (through that interface) */
-    int oif = (int)ifindex, route_mtu = 0;
-    socklen_t sl = sizeof route_mtu;
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in in;
-        struct sockaddr_in6 in6;
-    } to = {0};
-    socklen_t tolen;
-    if (p->v6) {
-        to.in6 = (struct sockaddr_in6){.sin6_family = AF_INET6, .sin6_port = htons(9),
-                                       .sin6_scope_id = daddr[0] == 0xFE && (daddr[1] & 0xC0) == 0x80 ? ifindex : 0}; /* fe80::/10 */
-        memcpy(&to.in6.sin6_addr, daddr, 16);
-        tolen = sizeof to.in6;
-    } else {
-        to.in = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(9), .sin_addr.s_addr = p->daddr};
-        tolen = sizeof to.in;
-    }
-    if (mtu && setsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &oif, sizeof oif) == 0 &&
-        connect(fd, &to.sa, tolen) == 0 &&
-        getsockopt(fd, p->v6 ? IPPROTO_IPV6 : IPPROTO_IP, p->v6 ? IPV6_MTU : IP_MTU, &route_mtu, &sl) == 0 &&
-        route_mtu > 0 && (size_t)route_mtu < mtu)
-        mtu = (size_t)route_mtu;
-    *e = (struct path_mtu){.v6 = p->v6, .ifindex = ifindex, .checked = (uint32_t)ts.tv_sec, .mtu = mtu};
-    memcpy(e->daddr, daddr, 16);
-    return mtu;
+    memcpy(daddr, p->v6 ? p->daddr6 : (const uint8_t *)&p->daddr, p->v6 ? 16 : 4);
+    size_t mtu;
+    if (!fresh && nicd_pmtu_get(ifindex, p->v6, daddr, &mtu))
+        return mtu;
+    return nicd_pmtu_lookup(ifindex, p->v6, daddr);
 }
 
 /* ---- conntrack: the flow's packets before NAT -------------------------------------------- */
@@ -498,7 +451,10 @@ static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t
     }
 }
 
-/* What a flow's packets looked like when conntrack took them (in LOCAL_OUT, before NAT): the
+/* What the packets of flow k (our egress direction, as the hook sees it) looked like when
+ * conntrack took them (in LOCAL_OUT, before NAT). Asked once per flow at its handshake (up to
+ * three ctnetlink round trips, 200 ms each at worst), never on a data packet; only the raw
+ * socket's packets need it (none of that family: as the hook sees them). The
  * raw socket's packets re-enter the output path there, so with these addresses conntrack finds
  * the connection and NAT treats them as it treated the original; with the ones the hook sees
  * after a DNAT (nat OUTPUT, as kube-proxy's), conntrack takes them for a new connection and NAT
@@ -507,18 +463,18 @@ static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t
  * answer), or the reply tuple reversed is the connection's (a DNAT: its original tuple is the
  * view). None of them: not tracked, so no NAT either (or a DNAT and an SNAT of one flow, which
  * nicd cannot tell apart: its packets go astray, and the flow gives up compressing). */
-static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_pkt *p)
+static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_flow_key *k)
 {
-    struct nicd_flow_view now = {.known = 1, .saddr = p->saddr, .daddr = p->daddr, .sport = htons(p->sport),
-                                 .dport = htons(p->dport), .v6 = p->v6};
+    struct nicd_flow_view now = {.known = 1, .saddr = k->saddr, .daddr = k->daddr, .sport = htons(k->sport),
+                                 .dport = htons(k->dport), .v6 = k->v6};
     struct nicd_flow_view rev = {.saddr = now.daddr, .daddr = now.saddr, .sport = now.dport, .dport = now.sport,
-                                 .v6 = p->v6};
-    if (p->v6) {
-        memcpy(now.saddr6, p->saddr6, 16), memcpy(now.daddr6, p->daddr6, 16);
-        memcpy(rev.saddr6, p->daddr6, 16), memcpy(rev.daddr6, p->saddr6, 16);
+                                 .v6 = k->v6};
+    if (k->v6) {
+        memcpy(now.saddr6, k->saddr6, 16), memcpy(now.daddr6, k->daddr6, 16);
+        memcpy(rev.saddr6, k->daddr6, 16), memcpy(rev.daddr6, k->saddr6, 16);
     }
     struct nicd_flow_view o;
-    if (cx->ct_fd < 0 || ct_get(cx, CTA_TUPLE_ORIG, &now, &o) > 0 || ct_get(cx, CTA_TUPLE_REPLY, &now, &o) > 0 ||
+    if (cx->ct_fd < 0 || (k->v6 ? cx->raw6_fd : cx->raw_fd) < 0 || ct_get(cx, CTA_TUPLE_ORIG, &now, &o) > 0 || ct_get(cx, CTA_TUPLE_REPLY, &now, &o) > 0 ||
         ct_get(cx, CTA_TUPLE_REPLY, &rev, &o) <= 0)
         return now;
     o.known = 2;
@@ -874,7 +830,7 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
         return;
     }
     if (syn == (TCP_SYN | TCP_ACK)) {
-        egress_synack(id, &p, &k, cx);
+        egress_synack(id, nfa, &p, &k, cx);
         return;
     }
     if (p.tcp_flags & TCP_RST) { /* never compressed: the flow ends here (nicd_flows_close) */
@@ -896,11 +852,7 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     uint32_t isn = fi.isn;
     /* what the raw socket's route lookup needs of the original (route_cmsgs) */
     struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos,
-                           .view = fi.view};
-    if (!rc.view.known && (p.v6 ? cx->raw6_fd : cx->raw_fd) >= 0 && fs != NICD_FLOW_NONE) { /* once per flow */
-        rc.view = conntrack_view(cx, &p);
-        nicd_flows_set_view(&k, &rc.view);
-    }
+                           .view = fi.view}; /* the view was asked at the handshake */
     if (fs == NICD_FLOW_GIVE_UP) {
         give_up(id, nfa, &p, &fi, &rc, cx);
         return;
@@ -994,7 +946,9 @@ static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        count_negotiated(cx, nicd_flows_negotiate(k, h.isn, p->seq, mss_option(p), h.owner));
+        /* asked here, at the handshake (conntrack has the connection since our SYN left) */
+        struct nicd_flow_view view = conntrack_view(cx, k);
+        count_negotiated(cx, nicd_flows_negotiate(k, h.isn, p->seq, mss_option(p), h.owner, &view));
     }
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
@@ -1021,7 +975,7 @@ static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_ke
     }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    count_negotiated(cx, nicd_flows_negotiate(k, h.isn, h.peer_isn, h.peer_mss, h.owner));
+    count_negotiated(cx, nicd_flows_negotiate(k, h.isn, h.peer_isn, h.peer_mss, h.owner, &h.view));
 }
 
 /* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
@@ -1155,7 +1109,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     if (cx)
-        cx->raw_fd = cx->raw6_fd = cx->udp_fd = cx->udp6_fd = cx->ct_fd = -1;
+        cx->raw_fd = cx->raw6_fd = cx->ct_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -1172,10 +1126,10 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         goto out;
     }
     /* IPv6's: IPPROTO_RAW implies IPV6_HDRINCL (Linux, raw(7)), as for IPv4. Optional: a kernel
-     * without IPv6 never queues IPv6 packets; without the datagram socket for the path MTU
-     * (egress_mtu says 0), IPv6 super-packets leave raw. */
-    if (cx->raw_fd >= 0 && (cx->raw6_fd = socket(AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) >= 0 && cfg->gso)
-        cx->udp6_fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+     * without IPv6 never queues IPv6 packets; without it (egress_mtu says 0), IPv6 super-packets
+     * leave raw. */
+    if (cx->raw_fd >= 0)
+        cx->raw6_fd = socket(AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
     /* optional: without it, the raw socket's packets keep the addresses the hook sees */
     if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
@@ -1186,7 +1140,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
             cx->ct_fd = -1;
         }
     }
-    if (cfg->gso && (cx->udp_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
+    if (cfg->gso && nicd_pmtu_init() < 0) { /* the path MTU lookups' sockets, shared (nicd_pmtu.h) */
         fail(err, errlen, "gso: cannot open a datagram socket", errno);
         goto out;
     }
@@ -1299,10 +1253,6 @@ out:
         close(cx->raw_fd);
     if (cx && cx->raw6_fd >= 0)
         close(cx->raw6_fd);
-    if (cx && cx->udp_fd >= 0)
-        close(cx->udp_fd);
-    if (cx && cx->udp6_fd >= 0)
-        close(cx->udp6_fd);
     if (cx && cx->ct_fd >= 0)
         close(cx->ct_fd);
     free(rbuf);

@@ -119,7 +119,7 @@ def test_siphash_reference_vectors():
 
 def test_table_and_nonce_use_siphash_with_their_keys(tables):
     k = key(1234)
-    assert lib.nicd_flows_negotiate(k, 77, 0, 1460, OWNER) == 0
+    assert lib.nicd_flows_negotiate(k, 77, 0, 1460, OWNER, ffi.NULL) == 0
     assert slot(k) == home(k)
     nonce = ffi.new("uint8_t[6]")
     lib.nicd_flows_nonce(k, 0xDEADBEEF, nonce)
@@ -134,7 +134,7 @@ def test_deletion_inside_a_probe_chain_shifts_back(tables):
     a, b, c = keys_where(lambda k: home(k) == h, 3)
     (f,) = keys_where(lambda k: home(k) == 0, 1)
     for k, isn in ((a, 1), (b, 2), (f, 3), (c, 4)):
-        assert lib.nicd_flows_negotiate(k, isn, 0, 1460, OWNER) == 0
+        assert lib.nicd_flows_negotiate(k, isn, 0, 1460, OWNER, ffi.NULL) == 0
     assert [slot(k) for k in (a, b, f, c)] == [62, 63, 0, 1]
 
     lib.nicd_flows_forget(b)
@@ -151,13 +151,13 @@ def test_deletion_inside_a_probe_chain_shifts_back(tables):
 def test_a_full_table_refuses_new_flows_only(tables):
     ks = keys_where(lambda k: True, CAPACITY * 3 // 4 + 1)
     for i, k in enumerate(ks[:-1]):
-        assert lib.nicd_flows_negotiate(k, i, 0, 1460, OWNER) == 0
-    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER) == -1  # 3/4 full: new flows stay raw
+        assert lib.nicd_flows_negotiate(k, i, 0, 1460, OWNER, ffi.NULL) == 0
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER, ffi.NULL) == -1  # 3/4 full: new flows stay raw
     assert negotiated(ks[-1]) is None
-    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460, OWNER) == 0  # a known flow is still replaced
+    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460, OWNER, ffi.NULL) == 0  # a known flow is still replaced
     assert [negotiated(k) for k in ks[:-1]] == [1000] + list(range(1, len(ks) - 1))
     lib.nicd_flows_forget(ks[5])
-    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER) == 0 and negotiated(ks[-1]) == 99
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER, ffi.NULL) == 0 and negotiated(ks[-1]) == 99
     assert expire() == (0, CAPACITY * 3 // 4, 0)
 
 
@@ -174,14 +174,14 @@ def test_one_owner_cannot_fill_the_table():
         ks = keys_where(lambda k: True, 40)
         users = [(1 << 32) | uid for uid in range(8)]
         for k in ks[:5]:
-            assert lib.nicd_flows_negotiate(k, 1, 0, 1460, users[0]) == 0
-        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0]) == lib.NICD_FLOWS_OWNER_FULL == -2
+            assert lib.nicd_flows_negotiate(k, 1, 0, 1460, users[0], ffi.NULL) == 0
+        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0], ffi.NULL) == lib.NICD_FLOWS_OWNER_FULL == -2
         assert negotiated(ks[5]) is None and owned(users[0]) == 5
         for i, k in enumerate(ks[5:30]):  # five other users, five flows each: all fit
-            assert lib.nicd_flows_negotiate(k, 2, 0, 1460, users[1 + i // 5]) == 0
+            assert lib.nicd_flows_negotiate(k, 2, 0, 1460, users[1 + i // 5], ffi.NULL) == 0
         assert [owned(u) for u in users] == [5] * 6 + [0, 0]
         # a key negotiated again (a new connection on the 4-tuple) moves to its new owner
-        assert lib.nicd_flows_negotiate(ks[0], 3, 0, 1460, users[6]) == 0
+        assert lib.nicd_flows_negotiate(ks[0], 3, 0, 1460, users[6], ffi.NULL) == 0
         assert owned(users[0]) == 4 and owned(users[6]) == 1
         # forget (a new SYN), RST, and expiry each give the owner its place back
         lib.nicd_flows_forget(ks[1])
@@ -192,13 +192,28 @@ def test_one_owner_cannot_fill_the_table():
         assert owned(users[0]) == 2
         lib.nicd_flows_test_advance((lib.NICD_FIN_LINGER_S + 1) * 1000)
         assert expire()[0] == 2 and owned(users[0]) == 0
-        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0]) == 0
+        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0], ffi.NULL) == 0
         # owner 0 (none given) is an owner of its own, never a free slot
-        assert lib.nicd_flows_negotiate(ks[30], 1, 0, 1460, 0) == 0 and owned(3 << 32) == 1
+        assert lib.nicd_flows_negotiate(ks[30], 1, 0, 1460, 0, ffi.NULL) == 0 and owned(3 << 32) == 1
         lib.nicd_flows_test_advance(31_000)
         assert expire() == (27, 0, 0) and [owned(u) for u in users] == [0] * 8 and owned(3 << 32) == 0
     finally:
         lib.nicd_flows_free()
+
+
+def test_the_handshakes_view_reaches_the_data_path(tables):
+    """The view conntrack gave at the handshake is what every data packet of the flow gets."""
+    k = key(4321)
+    v = ffi.new("struct nicd_flow_view *")
+    v.known, v.saddr, v.daddr, v.sport, v.dport = 2, 0x0A00_000A, 0x0B00_000B, 1234, 80
+    assert lib.nicd_flows_negotiate(k, 9, 0, 1460, OWNER, v) == 0
+    fi = ffi.new("struct nicd_flow_info *")
+    assert lib.nicd_flows_egress(k, 10, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
+    assert (fi.view.known, fi.view.saddr, fi.view.daddr, fi.view.sport, fi.view.dport) == \
+        (2, 0x0A00_000A, 0x0B00_000B, 1234, 80)
+    k2 = key(4322)
+    assert lib.nicd_flows_negotiate(k2, 9, 0, 1460, OWNER, ffi.NULL) == 0
+    assert lib.nicd_flows_egress(k2, 10, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS and fi.view.known == 0
 
 
 def test_rst_removes_and_fin_lingers(tables):
@@ -206,7 +221,7 @@ def test_rst_removes_and_fin_lingers(tables):
     NICD_FIN_LINGER_S idle seconds (each one refreshes it), not the idle timeout (30 s here)."""
     a, b, c = keys_where(lambda k: True, 3)
     for k in (a, b, c):
-        assert lib.nicd_flows_negotiate(k, 7, 0, 1460, OWNER) == 0
+        assert lib.nicd_flows_negotiate(k, 7, 0, 1460, OWNER, ffi.NULL) == 0
     assert lib.nicd_flows_close(a, 1) == 1 and negotiated(a) is None and slot(a) == -1
     assert lib.nicd_flows_close(a, 1) == 0  # nothing left to remove
     assert lib.nicd_flows_close(b, 0) == 1 and lib.nicd_flows_close(b, 0) == 0  # the FIN counted once
@@ -269,7 +284,7 @@ def test_idle_flows_and_stale_hellos_expire(tables):
     a, b = keys_where(lambda k: home(k) == 7, 2)
     (c,) = keys_where(lambda k: home(k) not in (7, 8), 1)
     for k in (a, b, c):
-        assert lib.nicd_flows_negotiate(k, 5, 0, 1460, OWNER) == 0
+        assert lib.nicd_flows_negotiate(k, 5, 0, 1460, OWNER, ffi.NULL) == 0
     lib.nicd_flows_test_advance(20_000)
     assert negotiated(b) == 5  # use refreshes its clock
     lib.nicd_flows_test_advance(15_000)
