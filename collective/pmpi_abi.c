@@ -1,13 +1,19 @@
 /*
- * The MPI ABI guard of the MPI_Allreduce library. The library is built once per MPI ABI
+ * What the MPI ABIs need of the MPI_Allreduce library beyond pmpi_allreduce.c.
+ *
+ * The guard. The library is built once per MPI ABI
  * (OpenMPI's handles are pointers, the MPICH family's are integers: Intel MPI, MVAPICH and Cray
  * MPICH share MPICH's) and must only run in a program of that ABI. Preloaded into the other kind,
  * it drags its own libmpi in beside the program's, and the two mix: wrong results or a crash
  * inside MPI_Init. So when another family's libmpi is in the process, stop with one line instead:
  * at load (a program linked to MPI has its libmpi mapped by then) and in MPI_Init and
  * MPI_Init_thread (mpi4py loads its libmpi after the interpreter starts).
+ *
+ * The large-count entry (MPI-4 libraries: MPICH 4, not OpenMPI 4.1): MPI_Allreduce_c. mpi4py calls
+ * it where it exists, so without it MPICH's mpi4py programs would never reach the library.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <link.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -98,3 +104,14 @@ EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
     check_abi();
     return PMPI_Init_thread(argc, argv, required, provided);
 }
+
+#if MPI_VERSION >= 4
+/* A count that fits an int is the same call as MPI_Allreduce's, which decides whether it is taken. */
+EXPORT int MPI_Allreduce_c(const void *sendbuf, void *recvbuf, MPI_Count count, MPI_Datatype datatype, MPI_Op op,
+                           MPI_Comm comm)
+{
+    if (count >= 0 && count <= INT_MAX)
+        return MPI_Allreduce(sendbuf, recvbuf, (int)count, datatype, op, comm);
+    return PMPI_Allreduce_c(sendbuf, recvbuf, count, datatype, op, comm);
+}
+#endif
