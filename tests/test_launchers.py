@@ -1,0 +1,252 @@
+"""The MPI_Allreduce library beyond ``inceptionn mpirun``: both MPI ABIs (OpenMPI's and MPICH's
+builds of collective/pmpi_allreduce.c), ``inceptionn env`` for any launcher, MPICH's own
+launcher (mpiexec.hydra) on testbed hosts, and a real Slurm cluster on the testbed (srun and
+sbatch, OpenMPI through PMIx and MPICH through PMI-2).
+
+What is checked: ``inceptionn env`` picks the build from the program (its libmpi, or mpi4py's),
+prints it for srun, hydra, a shell or JSON, and refuses in one line what it cannot tell or what is
+neither ABI; the wrong build preloaded stops the program with one line (never a crash or a silent
+mix of two MPIs); ``inceptionn mpirun`` refuses an MPICH program; under mpiexec.hydra, srun and
+sbatch, unmodified C and mpi4py programs' float32 sums are compressed (not the exact sum, within
+the codec's bound) and bit-identical on every rank, and the calls the library must not take are
+byte for byte MPI's own. App mode (no soft NIC): what is tested here is the way in, the ring is
+tests/test_pmpi_allreduce.py's.
+
+Needs root, OpenMPI (mpicc.openmpi), MPICH (mpicc.mpich, mpiexec.hydra), Slurm (slurmctld,
+slurmd, srun, sbatch) and munge: run.sh installs them all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_helpers import CLI, assert_one_line_error, run_cli
+from inceptionn.kernel_tc import testbed
+from inceptionn.shim import mpienv
+from slurm_cluster import SLURM_TOOLS, SlurmCluster
+from test_pmpi_allreduce import EXACT, N, PROGS, TAKEN, WORLD, check_taken, results
+
+MPICC = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in (*MPICC.values(), "mpiexec.hydra")),
+    reason="needs root, OpenMPI (mpicc.openmpi) and MPICH (mpicc.mpich, mpiexec.hydra)")
+
+
+@pytest.fixture(scope="module")
+def progs(tmp_path_factory) -> dict[str, str]:
+    """tests/shim_progs/mpi_allreduce.c built for each MPI."""
+    d = tmp_path_factory.mktemp("progs")
+    for family, cc in MPICC.items():
+        subprocess.run([cc, "-O2", "-Wall", "-Wextra", str(PROGS / "mpi_allreduce.c"), "-o", str(d / family)],
+                       check=True)
+    return {f: str(d / f) for f in MPICC}
+
+
+@pytest.fixture(scope="module")
+def mpich_abi_dir(tmp_path_factory) -> str:
+    """A directory for LD_LIBRARY_PATH that gives Debian's MPICH its upstream name libmpi.so.12,
+    which mpi4py's binary wheel (MPI.mpich*.so) links; Debian ships libmpich.so.12 only."""
+    d = tmp_path_factory.mktemp("mpich-abi")
+    lib = subprocess.run(["mpicc.mpich", "-print-file-name=libmpich.so.12"], capture_output=True, text=True).stdout.strip()
+    (d / "libmpi.so.12").symlink_to(os.path.realpath(lib))
+    return str(d)
+
+
+def env_of(*args: str) -> dict:
+    r = run_cli("env", "--compress-allreduce", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
+    for family, prog in progs.items():
+        plan = env_of("--allreduce-mode", "app", "--", prog, "out", "10")
+        assert plan["mpi"] == family
+        assert plan["env"]["LD_PRELOAD"] == mpienv.library(family)
+        assert plan["env"]["INCEPTIONN_MPI_MODE"] == "app"
+        # mpi4py: read from the MPI extension it imports (its wheel carries both ABIs)
+        r = subprocess.run([CLI, "env", "--compress-allreduce", "--json", "--", sys.executable,
+                            str(PROGS / "mpi4py_allreduce.py")], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "MPI4PY_MPIABI": family, "LD_LIBRARY_PATH": mpich_abi_dir})
+        assert r.returncode == 0 and json.loads(r.stdout)["mpi"] == family, r.stderr
+    # formats: srun's comma list (LD_PRELOAD's list joined with ':'), hydra's -genv pairs, shell
+    base = ["env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-mode", "app", "--iface", "198.18.0.0/24",
+            "--allreduce-min-count", "1000"]
+    lib = mpienv.library("mpich")
+    r = subprocess.run([CLI, *base], capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": "/x/a.so"})
+    assert r.stdout.strip() == ("INCEPTIONN_MPI_MODE=app,INCEPTIONN_MPI_MIN_COUNT=1000,INCEPTIONN_MPI_ERROR_BOUND=-10,"
+                                f"INCEPTIONN_MPI_IFACE=198.18.0.0/24,LD_PRELOAD={lib}"), r.stdout
+    r = run_cli(*base, "--format", "hydra")
+    assert r.stdout.split()[:2] == ["-genv", "INCEPTIONN_MPI_MODE"] and r.stdout.split()[-2:] == ["LD_PRELOAD", lib]
+    r = run_cli(*base, "--format", "shell", "--allreduce-error-feedback", "--log")
+    assert f"export LD_PRELOAD={lib}" in r.stdout.splitlines()
+    assert {"export INCEPTIONN_MPI_ERROR_FEEDBACK=1", "export INCEPTIONN_MPI_LOG=1"} <= set(r.stdout.splitlines())
+
+
+def test_env_mistakes_are_one_line(progs, tmp_path):
+    assert_one_line_error(run_cli("env", "--compress-allreduce"), "give --mpi openmpi or --mpi mpich")
+    assert_one_line_error(run_cli("env", "--mpi", "mpich"), "give --compress-allreduce")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--", "/bin/true"),
+                          "cannot tell which MPI /bin/true (links no MPI library) runs")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "openmpi", "--", progs["mpich"]),
+                          "runs the MPICH ABI, not --mpi openmpi")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-mode", "fast"),
+                          "bad --allreduce-mode 'fast'")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--iface", "a b"), "bad --iface")
+    # a program of a third MPI ABI (here a stand-in libmpi.so.20): named, and refused
+    other = tmp_path / "libmpi.so.20"
+    (tmp_path / "stub.c").write_text("int MPI_Init(int *c, char ***v) { (void)c; (void)v; return 0; }\n")
+    (tmp_path / "main.c").write_text("int MPI_Init(int *, char ***);\nint main(void) { return MPI_Init(0, 0); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libmpi.so.20", str(tmp_path / "stub.c"), "-o", str(other)],
+                   check=True)
+    prog = tmp_path / "third"
+    subprocess.run(["gcc", str(tmp_path / "main.c"), str(other), f"-Wl,-rpath,{tmp_path}", "-o", str(prog)], check=True)
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--", str(prog)),
+                          "runs libmpi.so.20, neither OpenMPI (libmpi.so.40) nor the MPICH ABI")
+    r = subprocess.run([str(prog)], capture_output=True, text=True,
+                       env={**os.environ, "LD_PRELOAD": mpienv.library("openmpi")})
+    assert r.returncode == 2 and "this program's MPI library is libmpi.so.20, neither OpenMPI's" in r.stderr, r.stderr
+    # inceptionn mpirun drives OpenMPI: an MPICH program is refused before anything starts
+    assert_one_line_error(run_cli("mpirun", "--compress-allreduce", "-np", "2", "--", progs["mpich"], "x", "1"),
+                          "runs the MPICH ABI, and inceptionn mpirun drives OpenMPI's mpirun")
+
+
+def test_the_wrong_build_stops_the_program_in_one_line(progs, mpich_abi_dir):
+    """Each build preloaded into the other ABI's program: one line, exit 2, before main() (a C
+    program) or in MPI_Init (mpi4py, which loads its libmpi late)."""
+    for lib_family, prog_family in (("openmpi", "mpich"), ("mpich", "openmpi")):
+        r = subprocess.run([progs[prog_family], "/nonexistent", "10"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "LD_PRELOAD": mpienv.library(lib_family)})
+        want = "mpich" if prog_family == "mpich" else "openmpi"
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert r.stderr.count("\n") == 1 and f"`inceptionn env --compress-allreduce --mpi {want}`" in r.stderr, r.stderr
+    # mpi4py told to use MPICH, with OpenMPI's build preloaded: the check in MPI_Init_thread
+    r = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print('init returned')"], capture_output=True,
+                       text=True, timeout=60,
+                       env={**os.environ, "LD_PRELOAD": mpienv.library("openmpi"), "MPI4PY_MPIABI": "mpich",
+                            "LD_LIBRARY_PATH": mpich_abi_dir})
+    assert r.returncode == 2 and "init returned" not in r.stdout, (r.stdout, r.stderr)
+    assert "this program runs the MPICH ABI (libmpi.so.12) but the preloaded MPI_Allreduce library is built for OpenMPI" \
+        in r.stderr, r.stderr
+
+
+def check_c_job(out: Path, plain: Path) -> None:
+    """Compressed and bit-identical on every rank (each half for the split communicator), within
+    the codec's bound; the calls the library passes on are MPI's own bytes."""
+    inputs = results(out, "input")
+    for k in TAKEN:
+        check_taken(out, k, inputs)
+    for k in EXACT:
+        for rank in range(WORLD):
+            assert (out / f"rank{rank}_{k}.bin").read_bytes() == (plain / f"rank{rank}_{k}.bin").read_bytes(), k
+
+
+def check_mpi4py_job(out: Path) -> None:
+    res = [np.load(out / f"rank{q}.npz") for q in range(WORLD)]
+    exact = np.sum(np.array([x["input"] for x in res], dtype=np.float64), axis=0)
+    m = max(float(np.abs(x["input"]).max()) for x in res)
+    for key in ("inplace", "separate"):
+        assert all(np.array_equal(res[0][key], x[key]) for x in res), key
+        assert 0 < np.abs(res[0][key] - exact).max() <= WORLD * 2.0**-7 * 2 * WORLD * m, key
+
+
+def taken_everywhere(stderr: str, calls: int) -> None:
+    for rank in range(WORLD):
+        assert f"inceptionn-mpi[rank {rank}]: summary: {calls} MPI_Allreduce calls taken" in stderr, stderr[-3000:]
+
+
+def test_mpich_under_hydra_on_testbed_hosts(tb_name, tmp_path, progs):
+    """mpiexec.hydra started in h1, its proxies on every host through the project's rsh agent
+    (each host its own network and UTS namespace), the environment from `inceptionn env
+    --format hydra -- PROG`."""
+    with testbed.Testbed(hosts=WORLD, name=tb_name) as tb:
+        hostmap = tmp_path / "hosts.json"
+        hostmap.write_text(json.dumps({h.ip: h.command([], hostname=h.name) for h in tb.hosts}))
+        agent = tmp_path / "agent"
+        agent.write_text(f"#!/bin/sh\nexec {sys.executable} -I {Path(mpienv.__file__).with_name('rsh_agent.py')} \"$@\"\n")
+        agent.chmod(0o755)
+        hydra = ["mpiexec.hydra", "-launcher", "rsh", "-launcher-exec", str(agent), "-iface", tb.hosts[0].ifname,
+                 "-hosts", ",".join(h.ip for h in tb.hosts), "-n", str(WORLD)]
+        r = run_cli("env", "--compress-allreduce", "--iface", str(tb.network), "--log", "--format", "hydra", "--",
+                    progs["mpich"])
+        assert r.returncode == 0, r.stderr
+        genv = r.stdout.split()
+        env = {**os.environ, "INCEPTIONN_RSH_MAP": str(hostmap)}
+        runs = {}
+        for name, extra in (("lib", genv), ("plain", [])):
+            out = tmp_path / name
+            out.mkdir()
+            runs[name] = subprocess.run(tb.hosts[0].command([*hydra[:1], *extra, *hydra[1:], progs["mpich"], str(out), str(N)],
+                                                            hostname=tb.hosts[0].name),
+                                        capture_output=True, text=True, timeout=180, env=env)
+            assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+        taken_everywhere(runs["lib"].stderr, 3)
+        assert "inceptionn-mpi" not in runs["plain"].stderr
+        check_c_job(tmp_path / "lib", tmp_path / "plain")
+
+
+SLURM_MPI = {"openmpi": "pmix", "mpich": "pmi2"}     # what Debian's builds speak with Slurm 22.05
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in SLURM_TOOLS), reason="needs Slurm (slurmctld, slurmd, slurm-client) and munge")
+def test_slurm_srun_and_sbatch(tb_name, tmp_path, progs, mpich_abi_dir):
+    """A Slurm cluster of 4 nodes (+ the controller) on the testbed: for each MPI, the C program
+    and the mpi4py script through srun, with and without the library; then one sbatch job whose
+    script takes the environment with `eval "$(inceptionn env --format shell ...)"`."""
+    with testbed.Testbed(hosts=WORLD + 1, name=tb_name) as tb, SlurmCluster(tb) as sc:
+        net = str(tb.network)
+        # OpenMPI's own traffic: the TCP BTL on the testbed network (its defaults try UCX first)
+        base = sc.env(OMPI_MCA_pml="ob1", OMPI_MCA_btl="tcp,self", OMPI_MCA_btl_tcp_if_include=net)
+        srun = ["srun", "-N", str(WORLD), "-n", str(WORLD)]
+        mpi4py_script = [sys.executable, str(PROGS / "mpi4py_allreduce.py")]
+        for family, prog in progs.items():
+            env = dict(base, LD_LIBRARY_PATH=mpich_abi_dir) if family == "mpich" else base
+            r = run_cli("env", "--compress-allreduce", "--iface", net, "--log", "--", prog)
+            assert r.returncode == 0, r.stderr
+            export = f"--export=ALL,{r.stdout.strip()}"
+            mpi = f"--mpi={SLURM_MPI[family]}"
+            out, plain = tmp_path / f"{family}-c", tmp_path / f"{family}-plain"
+            runs = {}
+            for d, extra in ((out, [export]), (plain, [])):
+                d.mkdir()
+                runs[d] = sc.run([*srun, mpi, *extra, prog, str(d), str(N)], env=env)
+                assert runs[d].returncode == 0, f"{family} srun: {runs[d].stderr[-3000:]}\n{sc.logs()}"
+            taken_everywhere(runs[out].stderr, 3)
+            assert "inceptionn-mpi" not in runs[plain].stderr
+            check_c_job(out, plain)
+
+            # mpi4py: its wheel carries both ABIs; MPICH's is taken with MPI4PY_MPIABI
+            py_env = dict(env, MPI4PY_MPIABI=family)
+            r = subprocess.run([CLI, "env", "--compress-allreduce", "--iface", net, "--log", "--", *mpi4py_script],
+                               capture_output=True, text=True, env=py_env, timeout=60)
+            assert r.returncode == 0 and f"LD_PRELOAD={mpienv.library(family)}" in r.stdout, r.stderr
+            py_out = tmp_path / f"{family}-py"
+            py_out.mkdir()
+            r = sc.run([*srun, mpi, f"--export=ALL,{r.stdout.strip()}", *mpi4py_script, str(py_out), str(N)],
+                       env=py_env)
+            assert r.returncode == 0, f"{family} mpi4py srun: {r.stderr[-3000:]}"
+            taken_everywhere(r.stderr, 2)
+            check_mpi4py_job(py_out)
+
+        # sbatch: a batch script as a user writes it, MPICH
+        out = tmp_path / "batch"
+        out.mkdir()
+        script = tmp_path / "job.sh"
+        script.write_text(f"""#!/bin/sh
+eval "$({CLI} env --compress-allreduce --iface {net} --log --format shell -- {progs['mpich']})"
+exec srun --mpi=pmi2 {progs['mpich']} {out} {N}
+""")
+        r = sc.run(["sbatch", "--wait", "-N", str(WORLD), "-n", str(WORLD), f"--output={tmp_path}/batch.log", str(script)],
+                   env=base, timeout=240)
+        log = (tmp_path / "batch.log").read_text() if (tmp_path / "batch.log").exists() else ""
+        assert r.returncode == 0, f"sbatch: {r.stdout}{r.stderr}\n{log[-3000:]}"
+        taken_everywhere(log, 3)
+        check_c_job(out, tmp_path / "mpich-plain")
