@@ -36,8 +36,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   echo "run.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
+  # Debian starts a package's service on install (munge, slurmd, slurmctld, prometheus, ...). The
+  # tests start their own, inside testbed namespaces; nothing runs machine-wide: policy-rc.d says no.
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    trap 'rm -f "$policy"' EXIT
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 0755 "$policy"
+  fi
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ -n "$policy" ]; then rm -f "$policy"; trap - EXIT; fi
 fi
 # MPICH registers the same Debian alternatives as OpenMPI (mpi for mpicc and friends, mpirun, the
 # include directory). The suite's OpenMPI tests call plain mpicc and mpirun (the build and the
