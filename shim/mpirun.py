@@ -47,7 +47,7 @@ from . import mpienv
 from .contract import TOS_SCALED, TOS_TAGGED
 from .mpienv import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT
 from .policy import Policy, check_log
-from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env, preload_library
+from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
 
 DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-60999)
 
