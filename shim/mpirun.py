@@ -79,7 +79,9 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --compress-allreduce
                       preload the MPI_Allreduce library: the program's float32 MPI_SUM
                       allreduces of at least --allreduce-min-count values run the INCEPTIONN
-                      ring, compressed (docs/mpi-allreduce.md); everything else is MPI's own
+                      ring, compressed (docs/mpi-allreduce.md); everything else is MPI's own.
+                      OpenMPI programs only: for MPICH, srun or sbatch, `inceptionn env`
+                      prints the same environment (docs/launchers.md)
   --allreduce-mode M  nic (ring sockets tagged: the soft NICs compress), app (the codec in
                       the ranks, no daemon needed) or auto (default: nic when every host's
                       soft NIC runs, else app)
