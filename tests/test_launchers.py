@@ -9,8 +9,9 @@ neither ABI; the wrong build preloaded stops the program with one line (never a 
 mix of two MPIs); ``inceptionn mpirun`` refuses an MPICH program; under mpiexec.hydra, srun and
 sbatch, unmodified C and mpi4py programs' float32 sums are compressed (not the exact sum, within
 the codec's bound) and bit-identical on every rank, and the calls the library must not take are
-byte for byte MPI's own. App mode (no soft NIC): what is tested here is the way in, the ring is
-tests/test_pmpi_allreduce.py's.
+byte for byte MPI's own; mpi4py's own suite (its collective and communicator modules) passes
+under MPICH with the library loaded. App mode (no soft NIC): what is tested here is the way in,
+the ring is tests/test_pmpi_allreduce.py's.
 
 Needs root, OpenMPI (mpicc.openmpi), MPICH (mpicc.mpich, mpiexec.hydra), Slurm (slurmctld,
 slurmd, srun, sbatch) and munge: run.sh installs them all.
