@@ -201,11 +201,12 @@ def test_mpich_under_hydra_on_testbed_hosts(tb_name, tmp_path, progs):
 
 
 # mpi4py's own suite under MPICH, as tests/test_mpi4py_suite.py runs it under OpenMPI, but only
-# the modules of collectives and communicators (with ours, which makes the calls the library
-# takes): the whole suite takes 5.5 minutes on 2 hosts here (2126 tests, passed with the library
-# by hand: docs/launchers.md). MPICH 4.0.2 itself segfaults in MPI_Comm_split_type on an
+# the blocking collectives' modules (MPI_Allreduce on every type and op: what the library sees)
+# and the communicators' (with ours, which makes the calls the library takes): the whole suite
+# takes 5.5 minutes on 2 hosts here (2126 tests, passed with the library by hand:
+# docs/launchers.md), these 313 tests under a minute. MPICH 4.0.2 itself segfaults in MPI_Comm_split_type on an
 # intercommunicator (over UCX, without the library too): that test is left out.
-MPICH_SUITE = ["-i", "test_allreduce_inceptionn|test_cco_|test_comm",
+MPICH_SUITE = ["-i", "test_allreduce_inceptionn|test_cco_buf|test_cco_obj|test_comm",
                "-x", "test_comm_inter.*.testSplitTypeShared"]
 
 
@@ -225,7 +226,7 @@ def test_mpi4py_suite_under_mpich(tb_name, tmp_path, suite, mpich_abi_dir):  # n
     print(tail)
     assert r.returncode == 0, tail
     ran = [int(n) for n in re.findall(r"Ran (\d+) tests? in", out)]
-    assert len(ran) == 2 and min(ran) > 500, ran
+    assert len(ran) == 2 and min(ran) > 250, ran        # 313 per rank with mpi4py 4.1.2
     assert len(re.findall(r"OK(?: \(skipped=\d+\))?", out)) >= 2 and "FAILED (" not in out, tail
     assert "MPI 4.0 (MPICH" in out            # mpi4py ran on MPICH
     summaries = re.findall(r"inceptionn-mpi\[rank (\d+)\]: summary: (\d+) MPI_Allreduce calls taken .*?, (\d+) passed "
