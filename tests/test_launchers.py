@@ -141,6 +141,28 @@ def test_the_wrong_build_stops_the_program_in_one_line(progs, mpich_abi_dir):
         in r.stderr, r.stderr
 
 
+@pytest.mark.skipif(not shutil.which("mpif90.mpich"), reason="needs MPICH's Fortran wrapper (libmpich-dev pulls gfortran)")
+def test_mpich_fortran_program(tmp_path):
+    """MPICH's Fortran bindings call MPI_Allreduce itself (OpenMPI's call PMPI_Allreduce, so there
+    it cannot work): a `use mpi` program's MPI_ALLREDUCE of REALs is taken. 2 ranks on loopback."""
+    prog = tmp_path / "fortran"
+    subprocess.run(["mpif90.mpich", "-O2", str(PROGS / "mpi_allreduce.f90"), "-o", str(prog)], check=True)
+    n = 300_001
+    runs = {}
+    for name, genv in (("lib", ["-genv", "LD_PRELOAD", mpienv.library("mpich"), "-genv", "INCEPTIONN_MPI_LOG", "1",
+                                "-genv", "INCEPTIONN_MPI_ADDR", "127.0.0.1"]), ("plain", [])):
+        (tmp_path / name).mkdir()
+        runs[name] = subprocess.run(["mpiexec.hydra", *genv, "-n", "2", str(prog), str(tmp_path / name), str(n)],
+                                    capture_output=True, text=True, timeout=120)
+        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+    for rank in range(2):
+        assert f"inceptionn-mpi[rank {rank}]: took MPI_Allreduce(count {n}, float32, MPI_SUM)" in runs["lib"].stderr
+    got = [np.fromfile(tmp_path / "lib" / f"rank{q}_sum.bin", dtype=np.float32) for q in range(2)]
+    exact = np.fromfile(tmp_path / "plain" / "rank0_sum.bin", dtype=np.float32)
+    assert got[0].tobytes() == got[1].tobytes() and got[0].size == n
+    assert 0 < np.abs(got[0] - exact).max() <= 2 * 2.0**-7 * 2 * 2 * 0.01     # N 2^-7 2N max|x|, as check_taken
+
+
 def check_c_job(out: Path, plain: Path) -> None:
     """Compressed and bit-identical on every rank (each half for the split communicator), within
     the codec's bound; the calls the library passes on are MPI's own bytes."""
