@@ -10,7 +10,7 @@ mix of two MPIs); ``inceptionn mpirun`` refuses an MPICH program; under mpiexec.
 sbatch, unmodified C and mpi4py programs' float32 sums are compressed (not the exact sum, within
 the codec's bound) and bit-identical on every rank, and the calls the library must not take are
 byte for byte MPI's own; mpi4py's own suite (its collective and communicator modules) passes
-under MPICH with the library loaded. App mode (no soft NIC): what is tested here is the way in,
+under MPICH with the library loaded; a Fortran program's MPI_ALLREDUCE is taken under MPICH. App mode (no soft NIC): what is tested here is the way in,
 the ring is tests/test_pmpi_allreduce.py's.
 
 Needs root, OpenMPI (mpicc.openmpi), MPICH (mpicc.mpich, mpiexec.hydra), Slurm (slurmctld,
