@@ -10,8 +10,10 @@ mix of two MPIs); ``inceptionn mpirun`` refuses an MPICH program; under mpiexec.
 sbatch, unmodified C and mpi4py programs' float32 sums are compressed (not the exact sum, within
 the codec's bound) and bit-identical on every rank, and the calls the library must not take are
 byte for byte MPI's own; mpi4py's own suite (its collective and communicator modules) passes
-under MPICH with the library loaded; a Fortran program's MPI_ALLREDUCE is taken under MPICH. App mode (no soft NIC): what is tested here is the way in,
-the ring is tests/test_pmpi_allreduce.py's.
+under MPICH with the library loaded; a Fortran program's MPI_ALLREDUCE is taken under MPICH.
+Mostly app mode (no soft NIC needed), and one srun job in nic mode with the soft NIC in every
+node, whose counters show the ring's packets compressed and restored. What is tested here is the
+way in; the ring itself is tests/test_pmpi_allreduce.py's.
 
 Needs root, OpenMPI (mpicc.openmpi), MPICH (mpicc.mpich, mpiexec.hydra), Slurm (slurmctld,
 slurmd, srun, sbatch) and munge: run.sh installs them all.
@@ -33,7 +35,9 @@ from cli_helpers import CLI, assert_one_line_error, run_cli
 from inceptionn.kernel_tc import testbed
 from inceptionn.shim import mpienv
 from slurm_cluster import SLURM_TOOLS, SlurmCluster
+from inceptionn.daemon.stats import read as read_stats
 from test_mpi4py_suite import EXTRA, EXTRA_TAKEN, suite  # noqa: F401 (suite: the fixture)
+from test_mpirun import nicds
 from test_pmpi_allreduce import EXACT, N, PROGS, TAKEN, WORLD, check_taken, results
 
 MPICC = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
@@ -301,6 +305,22 @@ def test_slurm_srun_and_sbatch(tb_name, tmp_path, progs, mpich_abi_dir):
             assert r.returncode == 0, f"{family} mpi4py srun: {r.stderr[-3000:]}"
             taken_everywhere(r.stderr, 2)
             check_mpi4py_job(py_out)
+
+        # nic mode: the soft NIC in every node compresses the ring's tagged packets (MPICH here)
+        r = run_cli("env", "--compress-allreduce", "--allreduce-mode", "nic", "--iface", net, "--log", "--",
+                    progs["mpich"])
+        assert r.returncode == 0 and "INCEPTIONN_MPI_MODE=nic" in r.stdout, r.stderr
+        nic_out = tmp_path / "mpich-nic"
+        nic_out.mkdir()
+        with nicds(sc.nodes, tmp_path) as socks:
+            r = sc.run([*srun, "--mpi=pmi2", f"--export=ALL,{r.stdout.strip()}", progs["mpich"], str(nic_out), str(N)],
+                       env=base)
+            stats = [read_stats(str(s))["counters"] for s in socks]
+        assert r.returncode == 0, f"nic srun: {r.stderr[-3000:]}"
+        assert all(c["egress_compressed"] > 0 and c["ingress_restored"] > 0 for c in stats), stats
+        taken_everywhere(r.stderr, 3)
+        assert "mode nic" in r.stderr
+        check_c_job(nic_out, tmp_path / "mpich-plain")
 
         # sbatch: a batch script as a user writes it, MPICH
         out = tmp_path / "batch"
