@@ -15,6 +15,8 @@ APT_PACKAGES=(
   nftables procps                                        # nft (netdev counters in tests), sysctl (testbed)
   libnetfilter-queue-dev                                 # the soft NIC's queue
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
+  mpich libmpich-dev                                     # the MPI_Allreduce library's MPICH build, mpiexec.hydra
+  slurmctld slurmd slurm-client munge                    # the Slurm test (daemons only in testbed namespaces)
   systemd systemd-container                              # the unit: systemd-analyze, nspawn test
   man-db                                                 # systemd-analyze verify opens the unit's man: links
   strace                                                 # the shim test: no extra syscalls untagged
@@ -34,8 +36,30 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   echo "run.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
+  # Debian starts a package's service on install (munge, slurmd, slurmctld, prometheus, ...). The
+  # tests start their own, inside testbed namespaces; nothing runs machine-wide: policy-rc.d says no.
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    trap 'rm -f "$policy"' EXIT
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 0755 "$policy"
+  fi
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ -n "$policy" ]; then rm -f "$policy"; trap - EXIT; fi
 fi
+# MPICH registers the same Debian alternatives as OpenMPI (mpi for mpicc and friends, mpirun, the
+# include directory). The suite's OpenMPI tests call plain mpicc and mpirun (the build and the
+# MPICH tests name each MPI's tools): keep OpenMPI selected whatever an install changed.
+for alt in mpi mpirun mpi-x86_64-linux-gnu; do   # masters; libmpi.so and the rest follow them
+  choice=$(update-alternatives --list "$alt" 2>/dev/null | grep -m1 openmpi || true)
+  if [ -n "$choice" ] && [ "$(readlink -f "/etc/alternatives/$alt")" != "$(readlink -f "$choice")" ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "run.sh: the $alt alternative is not OpenMPI's; run as root or: update-alternatives --set $alt $choice" >&2
+      exit 1
+    fi
+    update-alternatives --set "$alt" "$choice" >/dev/null
+  fi
+done
 
 exec make --no-print-directory "${@:-test}"

@@ -4,8 +4,9 @@
 #  - the tagging shim's LD_PRELOAD library, built as an extension module file so that every
 #    install (editable or wheel) puts it beside inceptionn.shim; it is never imported, only
 #    found by inceptionn.shim.run.preload_library() and handed to the dynamic loader
-#  - the MPI_Allreduce interposition library (collective/pmpi_allreduce.c), likewise, when
-#    OpenMPI's mpicc is there to say how to build against libmpi (libopenmpi-dev)
+#  - the MPI_Allreduce interposition library (collective/pmpi_allreduce.c), likewise, once per MPI
+#    ABI whose compiler wrapper is there to say how to build against it: OpenMPI's
+#    (libopenmpi-dev) and MPICH's (libmpich-dev)
 import shlex
 import shutil
 import subprocess
@@ -23,26 +24,40 @@ tag_preload = Extension(
 
 
 
-def mpi_flags():
-    """(include dirs, library dirs, libraries, other link args) from `mpicc --showme`, or None."""
-    if not shutil.which("mpicc"):
+def mpi_flags(family):
+    """(include dirs, library dirs, libraries, other link args) of one MPI family from its compiler
+    wrapper, or None. The wrappers are named explicitly (Debian's mpicc.openmpi, mpicc.mpich):
+    plain mpicc is a Debian alternative and may point to either."""
+    if family == "openmpi":
+        cc = shutil.which("mpicc.openmpi") or shutil.which("mpicc")
+        queries = [[cc, "--showme:compile"], [cc, "--showme:link"]]
+    else:
+        cc = shutil.which("mpicc.mpich")
+        queries = [[cc, "-compile_info"], [cc, "-link_info"]]
+    if not cc:
         return None
     try:
-        comp = shlex.split(subprocess.run(["mpicc", "--showme:compile"], capture_output=True, text=True,
-                                          check=True).stdout)
-        link = shlex.split(subprocess.run(["mpicc", "--showme:link"], capture_output=True, text=True,
-                                          check=True).stdout)
+        comp, link = (shlex.split(subprocess.run(q, capture_output=True, text=True, check=True).stdout)
+                      for q in queries)
     except (OSError, subprocess.CalledProcessError):
         return None
+    if family == "mpich":   # MPICH's answer is a whole command line: the compiler, then its flags
+        link = [a for a in link[1:] if not a.startswith(("-I", "-Wl,"))]
     return ([a[2:] for a in comp if a.startswith("-I")], [a[2:] for a in link if a.startswith("-L")],
             [a[2:] for a in link if a.startswith("-l")], [a for a in link if not a.startswith(("-L", "-l"))])
 
 
 ext_modules = [tag_preload]
-if (mpi := mpi_flags()) is not None:
+# One source, one library per MPI ABI (collective/pmpi_abi.c refuses to run in the other kind);
+# shim/mpienv.py picks the one a program needs.
+for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
+                       ("mpich", "inceptionn.collective._pmpi_allreduce_mpich")):
+    if (mpi := mpi_flags(family)) is None:
+        continue
     ext_modules.append(Extension(
-        "inceptionn.collective._pmpi_allreduce",
-        sources=["collective/pmpi_allreduce.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c"],
+        module,
+        sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "codecs_c/inceptionn_codec.c",
+                 "codecs_c/inceptionn_codec_avx2.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
         depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h",
                  "shim/log_line.h"],

@@ -1,4 +1,5 @@
-"""``inceptionn run`` and ``inceptionn mpirun``: the tagging shim around a program or an MPI job."""
+"""``inceptionn run``, ``inceptionn mpirun`` and ``inceptionn env``: the tagging shim around a program
+or an MPI job, and the MPI_Allreduce library's environment for any launcher."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,57 @@ def register(sub) -> None:
         description="Run inceptionn mpirun --help for the options.")
     m.add_argument("rest", nargs=argparse.REMAINDER)
     m.set_defaults(func=_mpirun)
+
+    from .mpienv import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT, FORMATS
+    e = sub.add_parser(
+        "env", help="print the environment that puts the MPI_Allreduce library into a job, for any launcher",
+        description=ENV_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="inceptionn env --compress-allreduce [--mpi openmpi|mpich] [options] [--format F | --json] "
+              "[-- PROG ARGS]")
+    e.add_argument("--compress-allreduce", action="store_true",
+                   help="the MPI_Allreduce library (docs/mpi-allreduce.md); required")
+    e.add_argument("--mpi", choices=("openmpi", "mpich"),
+                   help="the job's MPI: openmpi, or mpich for the MPICH ABI (MPICH, Intel MPI, MVAPICH, Cray "
+                        "MPICH); default: read from PROG")
+    e.add_argument("--allreduce-mode", default="auto", metavar="M",
+                   help="nic (the soft NICs compress), app (the codec in the ranks) or auto "
+                        "(default: nic when the soft NIC runs on this host, which is all that is checked)")
+    e.add_argument("--allreduce-min-count", default=str(DEFAULT_MIN_COUNT), metavar="N",
+                   help=f"smallest count taken (default {DEFAULT_MIN_COUNT} values)")
+    e.add_argument("--allreduce-error-bound", default=str(DEFAULT_ERROR_BOUND), metavar="K",
+                   help=f"the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic: the "
+                        "daemons' --error-bound)")
+    e.add_argument("--allreduce-error-feedback", action="store_true",
+                   help="carry what the codec lost in a call into the next call of the same count")
+    e.add_argument("--iface", metavar="IF|CIDR",
+                   help="the ring's network: an interface name or a.b.c.d/len (default: each rank's first "
+                        "non-loopback IPv4 address)")
+    e.add_argument("--log", action="store_true", help="the library's lines on every rank's stderr")
+    e.add_argument("--format", choices=FORMATS, default="srun",
+                   help="srun: NAME=VALUE,... for srun --export=ALL,$(...) (default); hydra: -genv NAME VALUE "
+                        "pairs for mpiexec.hydra; shell: export lines for eval in a batch script")
+    e.add_argument("--json", action="store_true", help="the settings and the variables as JSON")
+    e.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROG ARGS",
+                   help="the job's program: which MPI it runs is read from it (its libmpi, or mpi4py's)")
+    e.set_defaults(func=_env)
+
+
+ENV_DESCRIPTION = """\
+Print the variables that put the MPI_Allreduce library and its settings into every rank of a job
+started by any launcher: LD_PRELOAD (the build for the job's MPI: OpenMPI's or the MPICH ABI's)
+and INCEPTIONN_MPI_*. Nothing runs; the program after -- is only read (which MPI it links).
+See docs/launchers.md.
+
+examples:
+  srun --mpi=pmix --export=ALL,$(inceptionn env --compress-allreduce -- ./train) ./train
+  mpiexec.hydra $(inceptionn env --compress-allreduce --mpi mpich --format hydra) -n 4 ./train
+  eval "$(inceptionn env --compress-allreduce --mpi mpich --format shell)"   # in an sbatch script
+"""
+
+
+def _env(args) -> int:
+    from .mpienv import run_env
+    return run_env(args)
 
 
 def _run(args) -> int:

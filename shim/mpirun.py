@@ -43,9 +43,11 @@ from pathlib import Path
 from inceptionn.daemon import rules
 from inceptionn.errors import UserError
 
+from . import mpienv
 from .contract import TOS_SCALED, TOS_TAGGED
+from .mpienv import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT
 from .policy import Policy, check_log
-from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env, preload_library
+from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
 
 DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-60999)
 
@@ -54,10 +56,6 @@ OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
            "--allreduce-error-bound": True, "--allreduce-error-feedback": False}
-PMPI_MODULE = "inceptionn.collective._pmpi_allreduce"
-ALLREDUCE_MODES = ("auto", "nic", "app")
-DEFAULT_MIN_COUNT = 65536            # collective/pmpi_allreduce.h INC_MPI_DEFAULT_MIN_COUNT
-DEFAULT_ERROR_BOUND = -10            # nicd's default --error-bound
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
@@ -81,7 +79,9 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --compress-allreduce
                       preload the MPI_Allreduce library: the program's float32 MPI_SUM
                       allreduces of at least --allreduce-min-count values run the INCEPTIONN
-                      ring, compressed (docs/mpi-allreduce.md); everything else is MPI's own
+                      ring, compressed (docs/mpi-allreduce.md); everything else is MPI's own.
+                      OpenMPI programs only: for MPICH, srun or sbatch, `inceptionn env`
+                      prints the same environment (docs/launchers.md)
   --allreduce-mode M  nic (ring sockets tagged: the soft NICs compress), app (the codec in
                       the ranks, no daemon needed) or auto (default: nic when every host's
                       soft NIC runs, else app)
@@ -194,22 +194,14 @@ def parse_args(rest: list[str]) -> Options:
     if allreduce_opts and not opts.compress_allreduce:
         raise UserError(f"{allreduce_opts[0]} goes with --compress-allreduce")
     if "--allreduce-mode" in values:
-        if values["--allreduce-mode"] not in ALLREDUCE_MODES:
-            raise UserError(f"bad --allreduce-mode {values['--allreduce-mode']!r}: use auto, nic or app")
-        opts.allreduce_mode = values["--allreduce-mode"]
+        opts.allreduce_mode = mpienv.check_mode(values["--allreduce-mode"])
     opts.allreduce_error_feedback = bool(values.get("--allreduce-error-feedback"))
     if "--allreduce-min-count" in values:
-        v = values["--allreduce-min-count"]
-        if not re.fullmatch(r"[0-9]{1,10}", v) or not 1 <= int(v) <= 2**31 - 1:
-            raise UserError(f"bad --allreduce-min-count {v!r}: a number of values, 1..2147483647")
-        opts.allreduce_min_count = int(v)
+        opts.allreduce_min_count = mpienv.check_min_count(values["--allreduce-min-count"])
     if "--allreduce-error-bound" in values:
-        v = values["--allreduce-error-bound"]
-        if not re.fullmatch(r"-[0-9]{1,2}", v) or not -30 <= int(v) <= -1:
-            raise UserError(f"bad --allreduce-error-bound {v!r}: use -30..-1 (nicd --error-bound)")
-        opts.allreduce_error_bound = int(v)
-    if opts.iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:/-]{1,64}", opts.iface):
-        raise UserError(f"bad --iface {opts.iface!r}: an interface name or a network like 198.18.0.0/24")
+        opts.allreduce_error_bound = mpienv.check_error_bound(values["--allreduce-error-bound"])
+    if opts.iface is not None:
+        mpienv.check_iface(opts.iface)
     return opts
 
 
@@ -426,10 +418,7 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
         if not all(h["nic"]["running"] for h in hosts) and allreduce["mode"] == "nic":
             warnings.append("--allreduce-mode nic but the soft NIC does not run on every host: the ring's "
                             "tagged packets leave those hosts uncompressed (results are the same)")
-        libs = [p for p in rank_env.get("LD_PRELOAD", "").split() if p] or \
-            [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if p]
-        rank_env["LD_PRELOAD"] = " ".join([*libs, allreduce["library"]])
-        rank_env.update(extra)
+        rank_env = mpienv.with_library({**rank_env, **extra}, allreduce["library"])
     host_args: list[str] = []
     if testbed:
         tmpdir = tempfile.mkdtemp(prefix="inceptionn-mpirun-") if materialize else None
@@ -466,23 +455,17 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
 
 
 def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> tuple[dict, dict[str, str]]:
-    """The MPI_Allreduce library's settings (for the report) and the variables that carry them."""
-    lib = preload_library(PMPI_MODULE, "the MPI_Allreduce library (needs OpenMPI's mpicc at build time)")
-    mode = opts.allreduce_mode
-    if mode == "auto":
-        mode = "nic" if hosts and all(h["nic"]["running"] for h in hosts) else "app"
-    env = {"INCEPTIONN_MPI_MODE": mode, "INCEPTIONN_MPI_MIN_COUNT": str(opts.allreduce_min_count),
-           "INCEPTIONN_MPI_ERROR_BOUND": str(opts.allreduce_error_bound)}
-    if iface:
-        env["INCEPTIONN_MPI_IFACE"] = iface
-    if opts.allreduce_error_feedback:
-        env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1"
-    if opts.log:
-        env["INCEPTIONN_MPI_LOG"] = "1"
-    settings = {"library": lib, "mode": mode, "requested_mode": opts.allreduce_mode,
-                "min_count": opts.allreduce_min_count, "error_bound": opts.allreduce_error_bound,
-                "error_feedback": opts.allreduce_error_feedback, "iface": iface, "log": bool(opts.log)}
-    return settings, env
+    """The MPI_Allreduce library's settings (for the report) and the variables that carry them:
+    OpenMPI's build (this is OpenMPI's mpirun); a program that visibly runs another MPI is refused."""
+    family, what = mpienv.program_mpi(opts.program)
+    if family not in (None, "openmpi"):
+        raise UserError(f"{what} runs {mpienv.FAMILY_NAME[family]}, and inceptionn mpirun drives OpenMPI's mpirun: "
+                        "launch it with its own launcher and `inceptionn env --compress-allreduce --mpi mpich` "
+                        "(docs/launchers.md)")
+    a = mpienv.Allreduce(opts.allreduce_mode, opts.allreduce_min_count, opts.allreduce_error_bound,
+                         opts.allreduce_error_feedback)
+    return mpienv.allreduce_env(a, "openmpi", bool(hosts) and all(h["nic"]["running"] for h in hosts), iface,
+                                bool(opts.log))
 
 
 def report_lines(p: Plan) -> list[str]:
