@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inceptionn.daemon import rules
+from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
 from inceptionn.errors import UserError
 
 from .contract import TOS_SCALED, TOS_TAGGED
@@ -53,7 +54,7 @@ DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
-           "--allreduce-error-bound": True, "--allreduce-error-feedback": False}
+           "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--allreduce-nicd-socket": True}
 PMPI_MODULE = "inceptionn.collective._pmpi_allreduce"
 ALLREDUCE_MODES = ("auto", "nic", "app")
 DEFAULT_MIN_COUNT = 65536            # collective/pmpi_allreduce.h INC_MPI_DEFAULT_MIN_COUNT
@@ -93,6 +94,10 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --allreduce-error-feedback
                       add what the codec lost in a call to the next call of the same count on
                       the same communicator (off by default; docs/mpi-allreduce.md)
+  --allreduce-nicd-socket PATH
+                      nic mode: the soft NIC's stats socket on every host (%h: the host's
+                      name; default nicd's, {DEFAULT_NICD_SOCKET}); the ranks run the bound
+                      the daemon runs, and a rank that cannot read it turns the library off
   --testbed NAME      launch on the hosts of testbed NAME (`inceptionn testbed up`)
   --slots N           ranks per testbed host (default 1)
   --iface IF|CIDR     network for MPI's TCP traffic (btl/oob_tcp_if_include; default with
@@ -131,6 +136,7 @@ class Options:
     allreduce_min_count: int = DEFAULT_MIN_COUNT
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
     allreduce_error_feedback: bool = False
+    allreduce_nicd_socket: str | None = None
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -208,6 +214,11 @@ def parse_args(rest: list[str]) -> Options:
         if not re.fullmatch(r"-[0-9]{1,2}", v) or not -30 <= int(v) <= -1:
             raise UserError(f"bad --allreduce-error-bound {v!r}: use -30..-1 (nicd --error-bound)")
         opts.allreduce_error_bound = int(v)
+    if "--allreduce-nicd-socket" in values:
+        v = values["--allreduce-nicd-socket"]
+        if not v.startswith("/") or len(v) > 100 or "\n" in v:
+            raise UserError(f"bad --allreduce-nicd-socket {v[:40]!r}: an absolute path under 100 bytes (%h: the host's name)")
+        opts.allreduce_nicd_socket = v
     if opts.iface is not None and not re.fullmatch(r"[A-Za-z0-9_.:/-]{1,64}", opts.iface):
         raise UserError(f"bad --iface {opts.iface!r}: an interface name or a network like 198.18.0.0/24")
     return opts
@@ -477,11 +488,14 @@ def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> t
         env["INCEPTIONN_MPI_IFACE"] = iface
     if opts.allreduce_error_feedback:
         env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1"
+    if opts.allreduce_nicd_socket:
+        env["INCEPTIONN_MPI_NICD_SOCKET"] = opts.allreduce_nicd_socket
     if opts.log:
         env["INCEPTIONN_MPI_LOG"] = "1"
     settings = {"library": lib, "mode": mode, "requested_mode": opts.allreduce_mode,
                 "min_count": opts.allreduce_min_count, "error_bound": opts.allreduce_error_bound,
-                "error_feedback": opts.allreduce_error_feedback, "iface": iface, "log": bool(opts.log)}
+                "error_feedback": opts.allreduce_error_feedback, "iface": iface, "log": bool(opts.log),
+                "nicd_socket": opts.allreduce_nicd_socket or DEFAULT_NICD_SOCKET}
     return settings, env
 
 

@@ -217,7 +217,8 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
         plan = json.loads(r.stdout)
         assert plan["policy"] is None
         assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "min_count": 1000,
-                                     "error_bound": -12, "error_feedback": False, "iface": str(tb.network), "log": False}
+                                     "error_bound": -12, "error_feedback": False, "iface": str(tb.network), "log": False,
+                                     "nicd_socket": "/run/inceptionn/nicd.sock"}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
