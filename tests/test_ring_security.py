@@ -1,0 +1,242 @@
+"""Who can join a ring, and what a wrong setting does (issue 28): attacks on the real code.
+
+The MPI_Allreduce library (collective/pmpi_allreduce.c, ring_handshake.c) under ``inceptionn
+mpirun --compress-allreduce`` on 2 testbed hosts with 2 ranks each (ranks 0, 1 on h1; 2, 3 on h2),
+so rank 3's left neighbour shares its address: there only the secret keeps a local user out.
+The program (tests/shim_progs/mpi_setups.c) makes a fresh communicator per setup and checks
+every result against the exact sum; every rank prints a hash of every result.
+
+- A racing unprivileged user (uid nobody in h2, tests/ring_attacker.py) asks sock_diag (as `ss -ltn`)
+  for the ring's listeners and connects to each one the moment it appears: with the hello of the
+  library before issue 28, with a well-formed hello and a forged proof, and with a valid hello
+  and proof captured from an earlier setup (tests/ring_sniffer.py, root): 20 setups per mode
+  (app, and nic through the soft NICs), no wrong result, no fallback, no abort.
+- Silent and trickling connections hold no setup up; with the right neighbour's connection
+  blocked, setup ends at its one deadline (not per byte) in a consistent fallback.
+- Settings that differ between ranks (the threshold, the soft NICs' error bound) turn the library
+  off on every rank with one line, never a hang; ranks in nic mode run the bound their soft NIC
+  runs; a daemon whose bound is reloaded mid-job ends the job with MPI_Abort before a rank
+  returns a result that differs from the others'.
+- The Python Group's listener (collective/transport.py): strangers, forged and replayed
+  handshakes, silent and trickling connections; FileStore's modes; the secret's sources.
+- SHA-256 and HMAC-SHA256 in C (collective/ring_sha256.c) against hashlib/hmac.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_helpers import CLI, run_cli
+from netns_helpers import wait_until
+from inceptionn.kernel_tc import testbed
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+PROGS = TESTS / "shim_progs"
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+N = 65536                      # values per call: the default threshold
+WORLD, SLOTS = 4, 2            # 2 hosts, 2 ranks each
+DEADLINE = 4                   # INCEPTIONN_MPI_TIMEOUT of the deadline tests (s)
+
+needs_mpi = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("mpirun", "mpicc", "setpriv", "iptables")),
+    reason="needs root, OpenMPI (mpirun, mpicc), setpriv and iptables")
+
+
+# --- C: SHA-256 and HMAC against Python's ------------------------------------------------------
+
+def test_sha256_and_hmac_match_hashlib(tmp_path):
+    exe = tmp_path / "sha256_vectors"
+    subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", f"-I{ROOT / 'collective'}", str(PROGS / "sha256_vectors.c"),
+                    str(ROOT / "collective" / "ring_sha256.c"), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(28)
+    lines, want = [], []
+    for n in (0, 1, 3, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 129, 1000, 4097):
+        msg = rng.bytes(n)
+        lines.append(f"- {msg.hex() or '-'}")
+        want.append(hashlib.sha256(msg).hexdigest())
+        for kl in (1, 16, 32, 63, 64, 65, 200):
+            key = rng.bytes(kl)
+            lines.append(f"{key.hex()} {msg.hex() or '-'}")
+            want.append(hmac.new(key, msg, hashlib.sha256).hexdigest())
+    r = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == want
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("mpi") / "mpi_setups"
+    subprocess.run(["mpicc", "-O2", "-Wall", "-Wextra", str(PROGS / "mpi_setups.c"), "-o", str(out)], check=True)
+    return str(out)
+
+
+@contextlib.contextmanager
+def nicds(hosts, tmp_path, bounds):
+    """The soft NIC in each host at its error bound (a config file each, so SIGHUP reloads it),
+    stats at tmp_path/<host>.sock; yields [(process, config path)]."""
+    procs = []
+    try:
+        for h, k in zip(hosts, bounds):
+            cfg, log = tmp_path / f"{h.name}.toml", tmp_path / f"nicd-{h.name}.log"
+            cfg.write_text(f'interfaces = ["{h.ifname}"]\nsocket = "{tmp_path / h.name}.sock"\nerror_bound = {k}\n')
+            with open(log, "wb") as logf:
+                procs.append((h.popen([CLI, "nicd", "--config", str(cfg)], stdout=logf, stderr=logf), cfg, log))
+        for p, _, log in procs:
+            assert wait_until(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 60), log.read_text()
+            assert p.poll() is None, log.read_text()
+        yield [(p, cfg) for p, cfg, _ in procs]
+    finally:
+        for p, _, _ in procs:
+            p.send_signal(signal.SIGTERM)
+        for p, _, _ in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@contextlib.contextmanager
+def attacker(host, *args: str):
+    """tests/ring_attacker.py as uid nobody in ``host``; yields a function that stops it and
+    returns its records."""
+    src = (TESTS / "ring_attacker.py").read_text()
+    p = host.popen([*NOBODY, "/usr/bin/python3", "-c", src, "--addr", host.ip, *args], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True, cwd="/")
+    out: list = []
+
+    def stop() -> list[dict]:
+        if not out:
+            p.terminate()
+            so, se = p.communicate(timeout=30)
+            assert "Traceback" not in se, se
+            out.extend(json.loads(ln) for ln in so.splitlines() if ln.strip())
+        return [r for r in out if "ready" not in r]
+
+    try:
+        yield stop
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def shared_dir() -> Path:
+    """A directory the unprivileged attacker can read (pytest's tmp_path is 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="inc-ring-sec-"))
+    d.chmod(0o755)
+    return d
+
+
+def mpirun(tb_name, prog, *wrapper: str, env: dict | None = None, args=(), timeout=240):
+    """The program under the wrapper on the 2 x 2 testbed; ``env`` is exported in every rank by a
+    shell in front of the program (the wrapper refuses -x INCEPTIONN_MPI_*)."""
+    pre = []
+    if env:
+        pre = ["sh", "-c", " ".join(f"export {k}={v};" for k, v in env.items()) + ' exec "$@"', "sh"]
+    return run_cli("mpirun", "--compress-allreduce", "--allreduce-min-count", str(N), *wrapper, "--testbed", tb_name,
+                   "--slots", str(SLOTS), "-np", str(WORLD), "--", *pre, prog, *map(str, args), timeout=timeout)
+
+
+LINE = re.compile(r"^rank (\d+) setup (\d+) call (\d+) rc (-?\d+) ms ([\d.]+) wrong (\d+) hash ([0-9a-f]+)$", re.M)
+
+
+def results(stdout: str) -> dict:
+    """{(setup, call): {rank: (rc, ms, wrong, hash)}}"""
+    out: dict = {}
+    for m in LINE.finditer(stdout):
+        r, s, c, rc, ms, wrong, h = m.groups()
+        out.setdefault((int(s), int(c)), {})[int(r)] = (int(rc), float(ms), int(wrong), h)
+    return out
+
+
+def check_all_right(stdout: str, setups: int, calls: int) -> dict:
+    """Every rank printed every call: MPI_SUCCESS, no value off the exact sum, the same bits."""
+    res = results(stdout)
+    assert sorted(res) == [(s, c) for s in range(setups) for c in range(calls)], stdout[-2000:]
+    for key, ranks in res.items():
+        assert sorted(ranks) == list(range(WORLD)), (key, ranks)
+        assert all(v[0] == 0 and v[2] == 0 for v in ranks.values()), (key, ranks)
+        assert len({v[3] for v in ranks.values()}) == 1, (key, ranks)
+    return res
+
+
+def summaries(stderr: str, taken: int) -> None:
+    for rank in range(WORLD):
+        assert f"inceptionn-mpi[rank {rank}]: summary: {taken} MPI_Allreduce calls taken" in stderr, stderr[-3000:]
+
+
+# --- the racing local user ------------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["app", "nic"])
+def test_racing_local_user_gets_no_wrong_sum(tb_name, tmp_path, prog, mode):
+    """20 setups, each raced by uid nobody in h2 with the old hello, a forged proof or a replayed
+    valid one (in turn): every result right, every setup on the ring (no fallback), no abort."""
+    setups = 21                     # the first is captured, not attacked
+    share = shared_dir()
+    try:
+        with testbed.Testbed(hosts=2, name=tb_name) as tb:
+            h1, h2 = tb.hosts
+            cap = share / "hello.bin"
+            with contextlib.ExitStack() as stack:
+                wrapper = ["--allreduce-mode", mode, "--log", "1"]
+                if mode == "nic":
+                    stack.enter_context(nicds(tb.hosts, tmp_path, [-10, -10]))
+                    wrapper += ["--allreduce-nicd-socket", f"{tmp_path}/%h.sock"]
+                sniffer = h2.popen([sys.executable, str(TESTS / "ring_sniffer.py"), str(cap), "200"])
+                stack.callback(lambda: (sniffer.kill(), sniffer.wait()))
+                stop = stack.enter_context(attacker(h2, "--capture", str(cap), "--modes", "old,forged,replay",
+                                                    "--seconds", "240"))
+                r = mpirun(tb_name, prog, *wrapper, args=(N, setups, 1, 0, "dup"))
+                attacks = stop()
+                if mode == "nic":
+                    stats = [json.loads(subprocess.run([CLI, "stats", "--socket", f"{tmp_path / h.name}.sock", "--json"],
+                                                       capture_output=True, text=True, timeout=30).stdout)
+                             for h in tb.hosts]
+    finally:
+        shutil.rmtree(share, ignore_errors=True)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert f"MPI_Allreduce compressed (mode {mode}" in r.stderr
+    check_all_right(r.stdout, setups, 1)
+    summaries(r.stderr, setups)
+    assert "error bound -10 (the soft NIC's)" in r.stderr if mode == "nic" else "(configured)" in r.stderr
+    if mode == "nic":
+        for s in stats:
+            assert s["counters"]["egress_compressed"] > 0 and s["counters"]["ingress_restored"] > 0, s["counters"]
+
+    # the race was real: the attacker reached listeners of most setups, and was challenged on rank 3's
+    reached = [a for a in attacks if "error" not in a]
+    by_mode = {m: [a for a in reached if a["mode"] == m] for m in ("old", "forged", "replay")}
+    challenged = {m: sum(bool(a.get("challenged")) for a in v) for m, v in by_mode.items()}
+    refused = sum(int(m) for m in re.findall(r"ring setup: (\d+) connection\(s\) to the ring's listener refused", r.stderr))
+    print(f"\n{mode}: {len(attacks)} attacks on {setups - 1} setups, {len(reached)} reached a listener "
+          f"({', '.join(f'{m} {len(v)}' for m, v in by_mode.items())}); challenged: {challenged}; connection "
+          f"times {sorted(a['connect_us'] for a in reached)[:5]}... us; refused by the ranks: {refused}; "
+          f"wrong sums: 0 of {setups - 1} attacked setups")
+    assert len(reached) >= setups - 1, attacks
+    assert challenged["forged"] >= 2 and challenged["replay"] >= 2, attacks
+    assert all(a["closed"] for a in reached), [a for a in reached if not a["closed"]]
+    assert refused >= 1, r.stderr[-3000:]
