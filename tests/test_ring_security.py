@@ -95,7 +95,7 @@ def prog(tmp_path_factory) -> str:
 @contextlib.contextmanager
 def nicds(hosts, tmp_path, bounds):
     """The soft NIC in each host at its error bound (a config file each, so SIGHUP reloads it),
-    stats at tmp_path/<host>.sock; yields [(process, config path)]."""
+    stats at tmp_path/<host>.sock; yields [(process, config path, log path)]."""
     procs = []
     try:
         for h, k in zip(hosts, bounds):
@@ -106,7 +106,7 @@ def nicds(hosts, tmp_path, bounds):
         for p, _, log in procs:
             assert wait_until(lambda: b"nicd: ready" in log.read_bytes() or p.poll() is not None, 60), log.read_text()
             assert p.poll() is None, log.read_text()
-        yield [(p, cfg) for p, cfg, _ in procs]
+        yield procs
     finally:
         for p, _, _ in procs:
             p.send_signal(signal.SIGTERM)
@@ -150,12 +150,15 @@ def shared_dir() -> Path:
     return d
 
 
-def mpirun(tb_name, prog, *wrapper: str, env: dict | None = None, args=(), timeout=240):
-    """The program under the wrapper on the 2 x 2 testbed; ``env`` is exported in every rank by a
-    shell in front of the program (the wrapper refuses -x INCEPTIONN_MPI_*)."""
+def mpirun(tb_name, prog, *wrapper: str, env: dict | None = None, rank: int | None = None, args=(), timeout=240):
+    """The program under the wrapper on the 2 x 2 testbed; ``env`` is exported in every rank (or
+    in ``rank`` only) by a shell in front of the program (the wrapper refuses -x INCEPTIONN_MPI_*)."""
     pre = []
     if env:
-        pre = ["sh", "-c", " ".join(f"export {k}={v};" for k, v in env.items()) + ' exec "$@"', "sh"]
+        exports = " ".join(f"export {k}={v};" for k, v in env.items())
+        if rank is not None:
+            exports = f'if [ "$OMPI_COMM_WORLD_RANK" = {rank} ]; then {exports} fi;'
+        pre = ["sh", "-c", exports + ' exec "$@"', "sh"]
     return run_cli("mpirun", "--compress-allreduce", "--allreduce-min-count", str(N), *wrapper, "--testbed", tb_name,
                    "--slots", str(SLOTS), "-np", str(WORLD), "--", *pre, prog, *map(str, args), timeout=timeout)
 
@@ -240,3 +243,129 @@ def test_racing_local_user_gets_no_wrong_sum(tb_name, tmp_path, prog, mode):
     assert challenged["forged"] >= 2 and challenged["replay"] >= 2, attacks
     assert all(a["closed"] for a in reached), [a for a in reached if not a["closed"]]
     assert refused >= 1, r.stderr[-3000:]
+
+
+# --- silent and trickling connections; the one deadline ---------------------------------------------
+
+@needs_mpi
+def test_silent_and_trickling_connections_and_the_one_deadline(tb_name, prog):
+    """Silent and trickling connections on every ring listener of h2 hold no setup up (the right
+    peer proves itself beside them). Then, with rank 2's connection to rank 3 dropped by a
+    firewall and a connection trickling a hello into rank 3's listener one byte every 0.5 s, setup
+    ends at its one deadline (INCEPTIONN_MPI_TIMEOUT, 4 s; before issue 28 every byte restarted
+    it) and every rank falls back to MPI's own, with one warning line."""
+    with testbed.Testbed(hosts=2, name=tb_name) as tb:
+        h1, h2 = tb.hosts
+        with attacker(h2, "--modes", "silent,trickle", "--hold", "30", "--seconds", "120") as stop:
+            r = mpirun(tb_name, prog, "--allreduce-mode", "app", "--log", "1", env={"INCEPTIONN_MPI_TIMEOUT": DEADLINE},
+                       args=(N, 6, 1, 0, "dup"))
+            attacks = stop()
+        assert r.returncode == 0, r.stderr[-3000:]
+        check_all_right(r.stdout, 6, 1)
+        summaries(r.stderr, 6)
+        handshakes = [float(x) for x in re.findall(r"handshake ([\d.]+) ms", r.stderr)]
+        held = [a for a in attacks if "error" not in a]
+        print(f"\nsilent/trickling: {len(held)} connections held on {6} setups; handshakes {min(handshakes):.1f}-"
+              f"{max(handshakes):.1f} ms; the connections were closed after {sorted(a['held_s'] for a in held)} s")
+        assert len(handshakes) == 6 * WORLD and max(handshakes) < 1000 * DEADLINE / 2, handshakes
+        assert len(held) >= 6 and all(a["closed"] for a in held), attacks
+
+        h2.run(["iptables", "-w", "5", "-A", "INPUT", "-i", "lo", "-p", "tcp", "--syn", "-m", "dscp", "--dscp",
+                "10", "-j", "DROP"], check=True)      # nic mode tags the ring's SYNs 0x28 (DSCP 10)
+        with attacker(h2, "--modes", "trickle", "--hold", "30", "--seconds", "120") as stop:
+            r = mpirun(tb_name, prog, "--allreduce-mode", "nic", env={"INCEPTIONN_MPI_TIMEOUT": DEADLINE},
+                       args=(N, 1, 2, 0, "world"))
+            attacks = stop()
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = check_all_right(r.stdout, 1, 2)
+        warnings = [ln for ln in r.stderr.splitlines() if "warning: ring setup failed" in ln]
+        assert len(warnings) == 1 and f"within {DEADLINE} s" in warnings[0], r.stderr[-3000:]
+        setup_s = [v[1] / 1000 for v in res[(0, 0)].values()]
+        trickled = [a for a in attacks if "error" not in a]
+        print(f"right neighbour blocked, a hello trickling: setup ended after {min(setup_s):.2f}-{max(setup_s):.2f} s "
+              f"(deadline {DEADLINE} s); the trickling connections were closed after "
+              f"{sorted(a['held_s'] for a in trickled)} s\n{warnings[0]}")
+        assert all(DEADLINE - 0.5 < s < DEADLINE + 3 for s in setup_s), setup_s
+        assert trickled and all(a["closed"] and a["held_s"] < DEADLINE + 3 for a in trickled), attacks
+
+
+# --- settings every rank must share ---------------------------------------------------------------
+
+def off_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "warning: the MPI_Allreduce library is off for this job" in ln]
+
+
+@needs_mpi
+def test_mixed_settings_never_hang(tb_name, tmp_path, prog):
+    """A threshold that differs between ranks (before issue 28: rank 1 took a call of 4096 values
+    and the others passed it to MPI, a hang), and soft NICs at different bounds: the library is
+    off on every rank, with one line each, and every sum is MPI's own. Soft NICs at one bound
+    other than the library's: the ranks run the soft NICs' bound."""
+    with testbed.Testbed(hosts=2, name=tb_name) as tb:
+        r = mpirun(tb_name, prog, "--allreduce-mode", "app", "--log", "1", env={"INCEPTIONN_MPI_MIN_COUNT": 1000},
+                   rank=1, args=(4096, 1, 2, 0, "world"), timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        check_all_right(r.stdout, 1, 2)
+        summaries(r.stderr, 0)
+        lines = off_lines(r.stderr)
+        print(f"\nthresholds differ:\n{lines[0]}")
+        assert len(lines) == WORLD and all("rank 1's settings differ from rank 0's (mode app, min count 1000" in ln
+                                           for ln in lines), r.stderr[-3000:]
+
+        nic = ["--allreduce-mode", "nic", "--log", "1", "--allreduce-nicd-socket", f"{tmp_path}/%h.sock"]
+        with nicds(tb.hosts, tmp_path, [-10, -6]):
+            r = mpirun(tb_name, prog, *nic, args=(N, 1, 2, 0, "world"), timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        check_all_right(r.stdout, 1, 2)
+        summaries(r.stderr, 0)
+        lines = off_lines(r.stderr)
+        print(f"soft NICs at -10 and -6:\n{lines[0]}")
+        assert len(lines) == WORLD and all("rank 2's settings differ" in ln and "error bound -6 (its soft NIC's)" in ln
+                                           for ln in lines), r.stderr[-3000:]
+
+        with nicds(tb.hosts, tmp_path, [-8, -8]):
+            r = mpirun(tb_name, prog, *nic, args=(N, 1, 2, 0, "world"), timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        check_all_right(r.stdout, 1, 2)
+        summaries(r.stderr, 2)
+        ready = [ln for ln in r.stderr.splitlines() if "ring ready" in ln]
+        assert len(ready) == WORLD and all("error bound -8 (the soft NIC's)" in ln for ln in ready), ready
+
+
+@needs_mpi
+def test_soft_nic_bound_reloaded_mid_job_aborts_before_a_result(tb_name, tmp_path, prog):
+    """Soft NICs at the library's bound, then h2's reloaded to 2^-6 (SIGHUP) while the job loops
+    over MPI_Allreduce: the replicas would differ, and the job ends with MPI_Abort and one line
+    before any rank returns such a result. Every result a rank did return is the same bits on
+    every rank."""
+    calls = 40
+    with testbed.Testbed(hosts=2, name=tb_name) as tb:
+        with nicds(tb.hosts, tmp_path, [-10, -10]) as daemons:
+            argv = [CLI, "mpirun", "--compress-allreduce", "--allreduce-min-count", str(N), "--allreduce-mode", "nic",
+                    "--allreduce-nicd-socket", f"{tmp_path}/%h.sock", "--testbed", tb_name, "--slots", str(SLOTS),
+                    "-np", str(WORLD), "--", prog, str(N), "1", str(calls), "150", "world"]
+            job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            out: list[str] = []
+            reader = threading.Thread(target=lambda: out.extend(job.stdout), daemon=True)
+            reader.start()
+            try:
+                assert wait_until(lambda: sum(" call 2 " in ln for ln in out) == WORLD or job.poll() is not None, 120)
+                p2, cfg2, log2 = daemons[1]
+                cfg2.write_text(cfg2.read_text().replace("error_bound = -10", "error_bound = -6"))
+                p2.send_signal(signal.SIGHUP)
+                assert wait_until(lambda: b"reloaded: error bound 2^-6" in log2.read_bytes(), 30), log2.read_text()
+                rc = job.wait(timeout=120)
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait()
+            reader.join(timeout=10)
+            stderr = job.stderr.read()
+    res = results("".join(out))
+    errors = [ln for ln in stderr.splitlines() if "gave different results on different ranks" in ln]
+    print(f"\nreloaded after call 2: the job ended after {len(res)} of {calls} calls, rc {rc}\n{errors[:1]}")
+    assert rc != 0 and len(errors) == 1, stderr[-3000:]
+    assert 3 <= len(res) < calls, sorted(res)
+    for key, ranks in res.items():
+        assert all(v[0] == 0 and v[2] == 0 for v in ranks.values()), (key, ranks)
+        assert len({v[3] for v in ranks.values()}) == 1, (key, ranks)

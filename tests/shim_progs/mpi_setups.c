@@ -1,7 +1,8 @@
 /* An MPI program that knows nothing of inceptionn and sets up many rings: SETUPS times, a fresh
  * communicator (MPI_Comm_dup of MPI_COMM_WORLD; "world": MPI_COMM_WORLD itself) and CALLS
  * MPI_Allreduce calls of N float32 values on it, SLEEP_MS apart. Rank r contributes
- * (r + 1) * (1 + (i + setup + call) % 7) / 8 at position i, so the exact sum is known; each call
+ * (r + 1) * v(i + setup + call) at position i, v a full-mantissa value in [2^-12, 1) (every bit
+ * of it counts, in every tier of the codec), so the exact sum is known; each call
  * prints one line: its return code, its time (the first call of a communicator includes the
  * ring's setup), how many values are off the exact sum by more than the codec's bound, and a
  * hash of the result's bits (every rank must print the same).
@@ -13,6 +14,13 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+static double v(size_t j)
+{
+    uint32_t h = (uint32_t)j * 2654435761u;
+    h ^= h >> 15;
+    return (0.5 + (double)(h & 0xffffff) / (double)(1 << 25)) / (double)(1 << (h >> 24) % 12);
+}
 
 static double now_ms(void)
 {
@@ -45,14 +53,14 @@ int main(int argc, char **argv)
             MPI_Comm_dup(MPI_COMM_WORLD, &comm);
         for (int c = 0; c < calls; c++) {
             for (size_t i = 0; i < n; i++)
-                x[i] = (float)((rank + 1) * (1 + (int)((i + (size_t)s + (size_t)c) % 7)) / 8.0);
+                x[i] = (float)((rank + 1) * v(i + (size_t)s + (size_t)c));
             double t0 = now_ms();
             int rc = MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, comm);
             double ms = now_ms() - t0;
             size_t wrong = 0;
             uint64_t h = 1469598103934665603ULL;
             for (size_t i = 0; i < n; i++) {
-                double exact = total * (1 + (int)((i + (size_t)s + (size_t)c) % 7)) / 8.0, d = x[i] - exact;
+                double exact = total * v(i + (size_t)s + (size_t)c), d = x[i] - exact;
                 wrong += !(d <= tol && d >= -tol);
                 uint32_t b;
                 memcpy(&b, &x[i], 4);
