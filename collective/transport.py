@@ -327,8 +327,8 @@ class Endpoint:
         def drop(p: _Pending) -> None:
             poll(p, False)
             del pending[p.sock]
-            p.sock.close()
             self.refused += 1
+            p.sock.close()
 
         try:
             while not self._closed:

@@ -369,3 +369,207 @@ def test_soft_nic_bound_reloaded_mid_job_aborts_before_a_result(tb_name, tmp_pat
     for key, ranks in res.items():
         assert all(v[0] == 0 and v[2] == 0 for v in ranks.values()), (key, ranks)
         assert len({v[3] for v in ranks.values()}) == 1, (key, ranks)
+
+
+# --- the Python Group -------------------------------------------------------------------------------
+
+def make_groups(world: int, store_dir, secrets=None, timeout=30.0):
+    """``world`` Groups built at once in threads of this process (loopback, FileStore); returns
+    [Group or the exception]."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inceptionn.collective import FileStore, Group
+
+    def one(rank):
+        try:
+            return Group(rank, world, FileStore(store_dir, timeout=timeout), bind_addr="127.0.0.1", timeout=timeout,
+                         secret=secrets[rank] if secrets else None)
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            return e
+
+    with ThreadPoolExecutor(world) as pool:
+        return list(pool.map(one, range(world)))
+
+
+def handshake_as(key, rank: int, kind: int, sock: socket.socket) -> tuple[bytes, bytes]:
+    """A valid opener's handshake of rank ``rank`` on ``sock`` (the test knows the group's key,
+    as an observer of a past session knows its bytes); returns (HELLO, PROOF) as sent."""
+    from inceptionn.collective import transport as t
+    nonce = os.urandom(16)
+    hello = t.hello_msg(key, rank, t.Kind(kind), nonce)
+    sock.sendall(hello)
+    ch = np.frombuffer(recv_n(sock, t.CHALLENGE_FLOATS * 4), dtype=np.float32)
+    nonce_a = t.decode16(ch[2:10])
+    proof = t.encode16(key.mac(b"O", rank, 0, kind, nonce, nonce_a)).tobytes()
+    sock.sendall(proof)
+    return hello, proof
+
+
+def recv_n(sock: socket.socket, n: int, timeout: float = 5.0) -> bytes:
+    sock.settimeout(timeout)
+    buf = b""
+    while len(buf) < n:
+        b = sock.recv(n - len(buf))
+        if not b:
+            break
+        buf += b
+    return buf
+
+
+def closed(sock: socket.socket, timeout: float = 5.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_group_listener_admits_only_proven_ranks(tmp_path, monkeypatch):
+    """Against rank 0's listener of a 2-rank Group: the hello before issue 28, a forged proof, a
+    replayed valid handshake (of this group, and of another), a stranger's address; silent and
+    trickling connections, dropped at their one deadline while the group works beside them."""
+    from inceptionn.collective import transport as t
+    monkeypatch.setattr(t, "HANDSHAKE_TIMEOUT", 2.0)
+    old = make_groups(2, tmp_path / "old")
+    g0, g1 = make_groups(2, tmp_path / "new")
+    try:
+        assert all(not isinstance(g, Exception) for g in (*old, g0, g1)), (old, g0, g1)
+        host, port = t.parse_endpoint(g0.endpoints[0])
+        key = g1._key
+        out = {}
+
+        def attempt(name, play, src="127.0.0.1"):
+            s = socket.socket()
+            s.bind((src, 0))
+            s.connect((host, port))
+            try:
+                out[name] = play(s)
+            finally:
+                s.close()
+
+        def old_hello(s):
+            s.sendall(struct.pack("<4f", t.HELLO_MAGIC, 1, 2, int(t.Kind.RING_TAGGED)) + bytes(1024))
+            return closed(s)
+
+        def forged(s):
+            nonce = os.urandom(16)
+            s.sendall(t.hello_msg(key, 1, t.Kind.RING_TAGGED, nonce))
+            challenged = len(recv_n(s, t.CHALLENGE_FLOATS * 4)) == t.CHALLENGE_FLOATS * 4
+            s.sendall(t.encode16(os.urandom(32)).tobytes() + struct.pack("<64f", *[1000.0] * 64))
+            return challenged and closed(s)
+
+        # a valid session of rank 1 (a WA connection the group never uses), then its bytes replayed
+        s = socket.create_connection((host, port))
+        hello, proof = handshake_as(key, 1, int(t.Kind.WA_PLAIN), s)
+        assert g0._endpoint.wait(t.Kind.WA_PLAIN, 1, 5) is not None   # the real thing is admitted
+        s.close()
+
+        def replay(s):
+            s.sendall(hello)
+            challenged = len(recv_n(s, t.CHALLENGE_FLOATS * 4)) == t.CHALLENGE_FLOATS * 4
+            s.sendall(proof)
+            return challenged and closed(s)
+
+        def other_group(s):     # a valid handshake of another group's rank 1
+            try:
+                handshake_as(old[1]._key, 1, int(t.Kind.WA_PLAIN), s)
+            except (OSError, ValueError, TypeError):
+                return True     # its challenge could not even be parsed as the other group's
+            return closed(s)
+
+        def stranger(s):        # a valid-looking hello from an address that is not rank 1's
+            s.sendall(t.hello_msg(key, 1, t.Kind.RING_TAGGED, os.urandom(16)))
+            return len(recv_n(s, 1, 3)) == 0 and closed(s)
+
+        refused = g0._endpoint.refused
+        for name, play, src in (("old hello", old_hello, "127.0.0.1"), ("forged proof", forged, "127.0.0.1"),
+                                ("replayed handshake", replay, "127.0.0.1"),
+                                ("another group's handshake", other_group, "127.0.0.1"),
+                                ("another address", stranger, "127.0.0.2")):
+            attempt(name, play, src)
+        assert all(out.values()), out
+        assert g0._endpoint.refused - refused == 5
+
+        # silent and trickling connections while the group reduces on a fresh ring connection
+        silent = socket.create_connection((host, port))
+        trickle = socket.create_connection((host, port))
+        stop = threading.Event()
+
+        def drip():
+            for b in t.hello_msg(key, 1, t.Kind.RING_PLAIN, os.urandom(16)):
+                if stop.wait(0.3):
+                    return
+                try:
+                    trickle.send(bytes([b]))
+                except OSError:
+                    return
+
+        threading.Thread(target=drip, daemon=True).start()
+        started = time.monotonic()
+        x = [np.full(1000, r + 1, dtype=np.float32) for r in range(2)]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(2) as pool:
+            res = list(pool.map(lambda g, v: g.allreduce(v, compress=None), (g0, g1), x))
+        took = time.monotonic() - started
+        assert all(np.array_equal(r, np.full(1000, 3, dtype=np.float32)) for r in res)
+        assert closed(silent, 10) and closed(trickle, 10)
+        held = time.monotonic() - started
+        stop.set()
+        print(f"\nGroup: allreduce beside a silent and a trickling connection took {took * 1e3:.0f} ms; those were "
+              f"closed {held:.2f} s after they came (deadline {t.HANDSHAKE_TIMEOUT} s); refused {out}")
+        assert took < 1.5 and t.HANDSHAKE_TIMEOUT - 0.5 < held < t.HANDSHAKE_TIMEOUT + 1.5, (took, held)
+    finally:
+        for g in (*old, g0, g1):
+            if not isinstance(g, Exception):
+                g.close()
+
+
+def test_group_secret_sources_and_filestore_modes(tmp_path, monkeypatch):
+    """FileStore: a 0700 directory, 0600 files, private; one others may write is not, and a group
+    on it (or on any store others may read) is warned unless it has a secret of its own. Ranks with
+    different secrets never form a group. A bad secret is one clear error."""
+    from inceptionn.collective import FileStore, Group
+    from inceptionn.collective.rendezvous import SECRET_ENV
+    st = FileStore(tmp_path / "s")
+    st.set("k", b"v")
+    assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o700 and st.private
+    assert stat.S_IMODE((tmp_path / "s" / "k").stat().st_mode) == 0o600
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    assert not FileStore(open_dir).private
+
+    import warnings as w
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        gs = make_groups(2, open_dir)
+        gs2 = make_groups(2, tmp_path / "open2", secrets=[b"s" * 16] * 2)
+    for g in gs + gs2:
+        assert not isinstance(g, Exception), g
+        g.close()
+    msgs = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert len(msgs) == 2 and all("pass secret=" in m for m in msgs), msgs   # the open directory's two ranks
+
+    gs = make_groups(2, tmp_path / "mixed", secrets=[b"a" * 16, b"b" * 16], timeout=3)
+    print(f"\ndifferent secrets: {gs}")
+    assert all(isinstance(g, Exception) for g in gs), gs
+    assert "could not prove" in str(gs[1]) and "unproven connection(s) refused" in str(gs[0]), gs
+    for g in gs:
+        if not isinstance(g, Exception):
+            g.close()
+
+    monkeypatch.setenv(SECRET_ENV, "not hex")
+    with pytest.raises(ValueError, match=f"\\${SECRET_ENV} must be hex digits"):
+        Group(0, 1, None)
+    monkeypatch.setenv(SECRET_ENV, "ab" * 16)
+    assert Group(0, 1, None, bind_addr="127.0.0.1").close() is None
+    monkeypatch.setenv(SECRET_ENV, "ab" * 8)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        Group(0, 1, None)
+    monkeypatch.delenv(SECRET_ENV)
+    with pytest.raises(TypeError, match="secret must be bytes"):
+        Group(0, 1, None, secret="text")
