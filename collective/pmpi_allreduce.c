@@ -7,10 +7,14 @@
  * arguments MPI requires to be equal on every rank, so every rank takes the same calls. Everything
  * else goes to PMPI_Allreduce as it came.
  *
- * Per communicator, on the first call taken: a listener, its endpoint exchanged with
- * PMPI_Allgather, a connection to the right neighbour (tagged 0x28 before connect() in nic mode)
- * and one accepted from the left, agreed with PMPI_Allreduce(MIN); any failure on any rank makes
- * every rank pass that communicator's calls to PMPI_Allreduce from then on (one warning line).
+ * In MPI_Init the ranks compare the settings that decide which calls are taken (agree_settings;
+ * in nic mode with the soft NIC's bound): any difference turns the library off on every rank.
+ * Per communicator, on the first call taken: a listener, its endpoint and a random share of the
+ * ring's secret exchanged with PMPI_Allgather, a connection to the right neighbour (tagged 0x28
+ * before connect() in nic mode) and one accepted from the left, both proven in ring_handshake.c,
+ * agreed with PMPI_Allreduce(MIN); any failure on any rank makes every rank pass that
+ * communicator's calls to PMPI_Allreduce from then on (one warning line). After each taken call
+ * the ranks compare a hash of the result and abort the job if it differs (check_result).
  * The ring is collective/ring.py's schedule, driven by one poll() loop: step s sends block
  * (rank - s) mod N and receives block (rank - s - 1) mod N, chunk by chunk, a received chunk
  * forwarded as soon as it is added. nic mode sends inc_reconstruct() of each partial sum and of
