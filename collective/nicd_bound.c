@@ -108,7 +108,8 @@ int nicd_error_bound(const char *path, int *k, char *why, size_t whylen)
         close(fd);
         if (e == ENOENT || e == ECONNREFUSED)
             return 0;
-        snprintf(why, whylen, "cannot read the soft NIC's stats at %.80s: %s", path, strerror(e));
+        snprintf(why, whylen, "cannot read the soft NIC's stats at %.80s: %s%s", path, strerror(e),
+                 e == EACCES ? " (the ranks' user must be in the daemon's group)" : "");
         return -1;
     }
     char *doc = malloc(DOC_MAX);

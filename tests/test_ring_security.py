@@ -6,6 +6,7 @@ so rank 3's left neighbour shares its address: there only the secret keeps a loc
 The program (tests/shim_progs/mpi_setups.c) makes a fresh communicator per setup and checks
 every result against the exact sum; every rank prints a hash of every result.
 
+- A communicator of two MPI_COMM_WORLDs (MPI_Comm_spawn, merged) is never taken.
 - A racing unprivileged user (uid nobody in h2, tests/ring_attacker.py) asks sock_diag (as `ss -ltn`)
   for the ring's listeners and connects to each one the moment it appears: with the hello of the
   library before issue 28, with a well-formed hello and a forged proof, and with a valid hello
@@ -369,6 +370,26 @@ def test_soft_nic_bound_reloaded_mid_job_aborts_before_a_result(tb_name, tmp_pat
     for key, ranks in res.items():
         assert all(v[0] == 0 and v[2] == 0 for v in ranks.values()), (key, ranks)
         assert len({v[3] for v in ranks.values()}) == 1, (key, ranks)
+
+
+@needs_mpi
+def test_communicator_of_two_worlds_is_never_taken(tmp_path):
+    """Parents and spawned children (two MPI_COMM_WORLDs, each of which compared its own settings)
+    merged into one intracommunicator: its calls go to MPI on all four processes alike; each
+    world's own calls are taken. On loopback."""
+    from inceptionn.shim.run import preload_library
+    lib = preload_library("inceptionn.collective._pmpi_allreduce")
+    exe = tmp_path / "mpi_spawn_merge"
+    subprocess.run(["mpicc", "-O2", "-Wall", "-Wextra", str(PROGS / "mpi_spawn_merge.c"), "-o", str(exe)], check=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")
+    r = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "-x", f"LD_PRELOAD={lib}", "-x", "INCEPTIONN_MPI_MODE=app",
+                        "-x", "INCEPTIONN_MPI_ADDR=127.0.0.1", "-x", "INCEPTIONN_MPI_LOG=1", str(exe), str(N)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.split("\n")[:-1]) == ["child rank 0 merged 2: ok", "child rank 1 merged 3: ok",
+                                                 "parent rank 0 merged 0: ok", "parent rank 1 merged 1: ok"], r.stdout
+    assert r.stderr.count("the communicator holds processes of another MPI_COMM_WORLD") == 4, r.stderr
+    assert r.stderr.count("summary: 1 MPI_Allreduce calls taken") == 4, r.stderr
 
 
 # --- the Python Group -------------------------------------------------------------------------------
