@@ -387,7 +387,7 @@ static void setup(struct ring *r)
             int refused = 0;
             double t0 = now();
             ok = ring_handshake(&hs, &r->send_fd, &r->recv_fd, &refused, why, sizeof why) == 0;
-            memset(&hs, 0, sizeof hs);
+            explicit_bzero(&hs, sizeof hs);
             setup_ms = 1e3 * (now() - t0);
             if (ok && refused && cfg.log)
                 say("ring setup: %d connection(s) to the ring's listener refused (not the left neighbour's, or not "
@@ -397,6 +397,7 @@ static void setup(struct ring *r)
     } else {
         say("warning: ring setup failed: PMPI_Allgather of the endpoints failed; MPI_Allreduce falls back to MPI's own");
     }
+    explicit_bzero(all, (size_t)r->size * sizeof *all);   /* the shares make the secret */
     free(all);
     if (lfd >= 0)
         close(lfd);

@@ -198,6 +198,16 @@ def _set_common(sock: socket.socket, timeout: float | None) -> None:
     sock.settimeout(timeout)
 
 
+def _untag(sock: socket.socket) -> None:
+    try:
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, 0)
+        else:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0)
+    except OSError:
+        pass        # a connection already reset: its handshake fails by itself
+
+
 def encode16(data: bytes) -> np.ndarray:
     """Bytes (an even count) as float32 integers 1 + v, v each little-endian 16-bit value."""
     return np.frombuffer(data, dtype="<u2").astype(np.float32) + np.float32(1)
@@ -358,6 +368,9 @@ class Endpoint:
                                     return
                                 break   # out of descriptors and the like: the next round retries
                             sock.setblocking(False)
+                            # the answering direction is never tagged (a listener the tagging
+                            # shim tagged passes its mark on): set before the challenge goes out
+                            _untag(sock)
                             if len(pending) >= self.max_pending:
                                 drop(min(pending.values(), key=lambda q: q.seq))
                             p = pending[sock] = _Pending(sock, time.monotonic() + HANDSHAKE_TIMEOUT, seq)
@@ -441,11 +454,6 @@ class Endpoint:
                 old.close()
             sock.setblocking(True)
             _set_common(sock, self.timeout)
-            # the answering direction of an accepted connection is never tagged
-            if sock.family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, 0)
-            else:
-                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0)
             self._ready[(kind, rank)] = sock
             self._cond.notify_all()
 
