@@ -66,7 +66,7 @@ static struct {
     int have_addr;            /* from INCEPTIONN_MPI_ADDR or _IFACE (else chosen at setup) */
     char iface[64];
     char nicd_socket[108];    /* nic mode: the local soft NIC's stats socket, %h expanded */
-    const char *k_from;       /* where cfg.k came from, for the log */
+    char k_from[160];         /* where cfg.k came from, for the log */
 } cfg;
 
 /* The settings every rank must share, agreed over MPI_COMM_WORLD in MPI_Init (agree_settings):
@@ -234,7 +234,7 @@ __attribute__((constructor)) static void load_settings(void)
         _exit(2);
     }
     snprintf(cfg.nicd_socket, sizeof cfg.nicd_socket, "%s", ns);
-    cfg.k_from = "configured";
+    snprintf(cfg.k_from, sizeof cfg.k_from, "configured");
     const char *a = getenv("INCEPTIONN_MPI_ADDR"), *f = getenv("INCEPTIONN_MPI_IFACE");
     if (a && *a) {
         if (inet_pton(AF_INET, a, &cfg.addr) != 1) {
@@ -897,12 +897,12 @@ static void agree_settings(void)
         }
         if (st == 1) {
             cfg.k = k;
-            cfg.k_from = "the soft NIC's";
+            snprintf(cfg.k_from, sizeof cfg.k_from, "the soft NIC's");
             me.k_from_nicd = 1;
         } else if (st < 0) {
             me.bad = 1;
         } else {
-            cfg.k_from = "configured; no soft NIC on this host";
+            snprintf(cfg.k_from, sizeof cfg.k_from, "configured; no soft NIC answers at %.100s", path);
         }
     }
     me.k = cfg.k;
