@@ -24,13 +24,15 @@ enum { NONCE = 16, MAC = RING_SHA256_BYTES };
 enum { HELLO_F = 4 + NONCE / 2, CHALLENGE_F = 2 + NONCE / 2 + MAC / 2, PROOF_F = MAC / 2 };
 #define MSG_MAX (CHALLENGE_F * 4)
 
-void ring_hs_encode(const uint8_t *in, size_t n, float *out)
+/* The float32 form of n bytes (n even): n / 2 floats 1 + v, v each little-endian 16-bit value;
+ * and back (-1 when a float is not such an integer). */
+static void ring_hs_encode(const uint8_t *in, size_t n, float *out)
 {
     for (size_t i = 0; i + 1 < n; i += 2)
         out[i / 2] = (float)(1 + (in[i] | in[i + 1] << 8));
 }
 
-int ring_hs_decode(const float *in, size_t n, uint8_t *out)
+static int ring_hs_decode(const float *in, size_t n, uint8_t *out)
 {
     for (size_t i = 0; i + 1 < n; i += 2) {
         float f = in[i / 2];

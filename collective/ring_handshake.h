@@ -42,9 +42,4 @@ struct ring_hs {
  * *refused counts the connections closed unproven. */
 int ring_handshake(const struct ring_hs *p, int *send_fd, int *recv_fd, int *refused, char *why, size_t whylen);
 
-/* The float32 form of n bytes (n even): n / 2 floats 1 + v, v each little-endian 16-bit value;
- * and back (-1 when a float is not such an integer). */
-void ring_hs_encode(const uint8_t *in, size_t n, float *out);
-int ring_hs_decode(const float *in, size_t n, uint8_t *out);
-
 #endif
