@@ -241,7 +241,7 @@ def test_racing_local_user_gets_no_wrong_sum(tb_name, tmp_path, prog, mode):
           f"times {sorted(a['connect_us'] for a in reached)[:5]}... us; refused by the ranks: {refused}; "
           f"wrong sums: 0 of {setups - 1} attacked setups")
     assert len(reached) >= setups - 1, attacks
-    assert challenged["forged"] >= 2 and challenged["replay"] >= 2, attacks
+    assert challenged["forged"] >= 1 and challenged["replay"] >= 1, attacks
     assert all(a["closed"] for a in reached), [a for a in reached if not a["closed"]]
     assert refused >= 1, r.stderr[-3000:]
 
