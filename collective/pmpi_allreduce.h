@@ -11,7 +11,8 @@
  *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default -10, nicd's default; in nic mode
  *                               it must be the daemons' bound)
  *   INCEPTIONN_MPI_CHUNK        values per pipelined chunk (default 65536)
- *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting (default 300)
+ *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting, and the one
+ *                               deadline of a ring's setup handshake (default 300)
  *   INCEPTIONN_MPI_ADDR         the IPv4 address of the ring's sockets, or
  *   INCEPTIONN_MPI_IFACE        an interface name or an IPv4 network (a.b.c.d/len) to take it from
  *                               (default: the first non-loopback IPv4 address)
