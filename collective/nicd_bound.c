@@ -64,7 +64,8 @@ int nicd_bound_from_json(const char *doc, size_t len, int *k)
                 char num[16];
                 while (e < len && e - v < sizeof num - 1 && (doc[e] == '-' || (doc[e] >= '0' && doc[e] <= '9')))
                     e++;
-                if (e == v || e - v >= sizeof num - 1)
+                /* the number must end inside the document: a cut one ("-1" of "-10") is no bound */
+                if (e == v || e - v >= sizeof num - 1 || e == len || !doc[e] || !strchr(",} \n\t\r", doc[e]))
                     return -1;
                 memcpy(num, doc + v, e - v);
                 num[e - v] = 0;

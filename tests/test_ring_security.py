@@ -20,7 +20,8 @@ every result against the exact sum; every rank prints a hash of every result.
   returns a result that differs from the others'.
 - The Python Group's listener (collective/transport.py): strangers, forged and replayed
   handshakes, silent and trickling connections; FileStore's modes; the secret's sources.
-- SHA-256 and HMAC-SHA256 in C (collective/ring_sha256.c) against hashlib/hmac.
+- SHA-256 and HMAC-SHA256 in C (collective/ring_sha256.c) against hashlib/hmac; the soft NIC's
+  stats parser (collective/nicd_bound.c) on real, cut and hostile documents under ASan/UBSan.
 """
 from __future__ import annotations
 
@@ -82,6 +83,34 @@ def test_sha256_and_hmac_match_hashlib(tmp_path):
     r = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == want
+
+
+def test_stats_parser_finds_the_bound_and_reads_nothing_past_the_document(tmp_path):
+    """collective/nicd_bound.c on the daemon's own snapshot (daemon/nicd.py's shape), every cut of
+    it, and documents that put "error_bound" where it is not the config's, under ASan/UBSan."""
+    exe = tmp_path / "nicd_bound_json"
+    subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", f"-I{ROOT / 'collective'}", str(PROGS / "nicd_bound_json.c"),
+                    str(ROOT / "collective" / "nicd_bound.c"), "-o", str(exe)], check=True)
+    from inceptionn.daemon.settings import SETTINGS
+    snap = {"pid": 1, "uptime_s": 2.5, "config": {s.name: s.default for s in SETTINGS if s.stats},
+            "flows_active": 0, "counters": {"egress_packets": 3}, "queues": [{"error_bound": 99}]}
+    snap["config"].update(interfaces=['e"{th}0'], error_bound=-7)
+    real = json.dumps(snap).encode()
+    cases = [(real, "-7"), (json.dumps(snap, indent=2).encode(), "-7"),
+             (b'{"error_bound": -3, "config": {"codec": "inceptionn"}}', "none"),
+             (b'{"config": {"x": {"error_bound": -3}}, "y": 1}', "none"),
+             (b'{"config": {"error_bound": 99999999999999999999}}', "none"),
+             (b'{"config": {"error_bound": "-5"}}', "none"), (b"", "none"), (b"{", "none"), (b'"\\', "none")]
+    cases += [(real[:i], None) for i in range(len(real))]
+    r = subprocess.run([exe], input=b"\0".join(c for c, _ in cases), capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"runtime error" not in r.stderr, r.stderr[-2000:]
+    got = r.stdout.decode().split()
+    assert len(got) == len(cases)
+    assert [g for g, (_, want) in zip(got, cases) if want] == [want for _, want in cases if want]
+    # a cut document gives the bound only once the number is whole (and followed by something)
+    at = real.index(b'"error_bound": -7') + len(b'"error_bound": -7')
+    assert all(g in ("none", "-7") for g in got[9:]) and got[9 + at] == "none" and got[9 + at + 1] == "-7"
 
 
 # --- helpers -------------------------------------------------------------------------------------
