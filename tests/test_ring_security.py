@@ -20,8 +20,9 @@ every result against the exact sum; every rank prints a hash of every result.
   returns a result that differs from the others'.
 - The Python Group's listener (collective/transport.py): strangers, forged and replayed
   handshakes, silent and trickling connections; FileStore's modes; the secret's sources.
-- SHA-256 and HMAC-SHA256 in C (collective/ring_sha256.c) against hashlib/hmac; the soft NIC's
-  stats parser (collective/nicd_bound.c) on real, cut and hostile documents under ASan/UBSan.
+- SHA-256 and HMAC-SHA256 in C (collective/ring_sha256.c) against hashlib/hmac; the handshake
+  and the soft NIC's stats parser (collective/nicd_bound.c) beside hostile connections and on
+  real, cut and hostile documents, under ASan/UBSan.
 """
 from __future__ import annotations
 
@@ -83,6 +84,23 @@ def test_sha256_and_hmac_match_hashlib(tmp_path):
     r = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == want
+
+
+def test_handshake_under_asan_beside_hostile_connections(tmp_path):
+    """collective/ring_handshake.c without MPI (tests/shim_progs/ring_handshake_asan.c): two ranks
+    as threads finish proven beside random bytes, NaNs, a forged proof, a held half hello and a
+    trickled one on both listeners; with different secrets both fail at the deadline."""
+    exe = tmp_path / "ring_handshake_asan"
+    subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", "-pthread", *(f"-I{ROOT / d}" for d in ("collective", "codecs_c", "shim")),
+                    str(PROGS / "ring_handshake_asan.c"), str(ROOT / "collective" / "ring_handshake.c"),
+                    str(ROOT / "collective" / "ring_sha256.c"), "-o", str(exe)], check=True)
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    print("\n" + r.stdout)
+    assert r.returncode == 0 and "runtime error" not in r.stderr, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(ln.endswith(" ok") for ln in lines), r.stdout
+    assert "could not prove the communicator's secret" in lines[1]
 
 
 def test_stats_parser_finds_the_bound_and_reads_nothing_past_the_document(tmp_path):
