@@ -3,7 +3,7 @@
  * (random bytes, NaNs, a well-formed hello with a forged proof, a hello cut short and held, one
  * trickled byte by byte, more connections than the handshake holds). Both must finish proven,
  * with the connections from one to the other; then, with different secrets, both must fail
- * within the deadline. Prints one line per run; exit 0 when all is as expected. */
+ * (within the deadline: the first challenge checked fails). Prints one line per run; exit 0 when all is as expected. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <pthread.h>
