@@ -56,10 +56,12 @@ for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
         continue
     ext_modules.append(Extension(
         module,
-        sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "codecs_c/inceptionn_codec.c",
+        sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "collective/ring_handshake.c",
+                 "collective/ring_sha256.c", "collective/nicd_bound.c", "codecs_c/inceptionn_codec.c",
                  "codecs_c/inceptionn_codec_avx2.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
-        depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h",
+        depends=["collective/pmpi_allreduce.h", "collective/ring_handshake.h", "collective/ring_sha256.h",
+                 "collective/nicd_bound.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h",
                  "shim/log_line.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
                             "-ffp-contract=off"],  # the same roundings on every host, as the codecs

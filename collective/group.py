@@ -12,7 +12,8 @@ The whole API, its options and guarantees: docs/collectives.md. In short:
 
 - Construction is collective. ``store`` is anything with ``set(key, bytes)`` and a blocking
   ``get(key)`` (``torch.distributed.TCPStore``, ``FileStore``); ``Group.from_mpi`` and
-  ``Group.from_torch`` rendezvous through MPI or torch.distributed instead. ``codec`` is what the
+  ``Group.from_torch`` rendezvous through MPI or torch.distributed instead. Every connection
+  proves the group's secret (transport.py); pass ``secret=`` with a store others can read. ``codec`` is what the
   soft NICs run (must match the daemons' ``error_bound``).
 - Every rank calls the same collectives in the same order; a mismatch raises RuntimeError on
   every rank. ``allreduce`` is the ring (ring.py), ``wa_step`` the worker-aggregator baseline
@@ -30,6 +31,7 @@ The whole API, its options and guarantees: docs/collectives.md. In short:
 from __future__ import annotations
 
 import threading
+import warnings
 import zlib
 
 import numpy as np
@@ -37,14 +39,15 @@ import numpy as np
 from ..codecs import Codec, ErrorFeedback, get_codec
 from ..codecs.base import check_vector
 from . import scaling as sc
-from .rendezvous import MPIExchange, TorchExchange, default_bind_addr, make_exchange
+from .rendezvous import (MPIExchange, TorchExchange, default_bind_addr, entry, group_key, make_exchange,
+                         resolve_secret)
 from ..shim.tagging import GRADIENT_TOS
 from .control import (MODE_CODE, OP_ALLREDUCE, OP_BARRIER, OP_REDUCE, OP_VERIFY, OP_WA, OP_WA_SCALE,
                       REDUCE_OPS, ControlPlane, codec_id)
 from .ring import ring_allreduce
 from .pipeline import Pipeline
 from .stats import CallStats, GroupStats
-from .transport import MAX_TOKEN, Conn, Endpoint, Kind, PlaneCounters, connect
+from .transport import Conn, Endpoint, Kind, PlaneCounters, connect
 from .wa import aggregate, broadcast_weights, worker_receive_weights, worker_send
 
 __all__ = ["Group", "CallStats", "GroupStats"]
@@ -68,7 +71,7 @@ class Group:
                  tag: bool = True, tos: int = GRADIENT_TOS, chunk_bytes: int = 256 * 1024,
                  bucket_values: int = sc.BUCKET_VALUES, codec: Codec | str | None = None,
                  compress: str | None = "nic", verify: str = "first", timeout: float | None = 300.0,
-                 prefix: str = "inceptionn"):
+                 prefix: str = "inceptionn", secret: bytes | None = None):
         self.rank, self.world = _check_rank(rank, world)
         if store is None and self.world > 1:
             raise ValueError("a group of more than one rank needs a store (set/get), or use "
@@ -103,15 +106,21 @@ class Group:
         self._broken: BaseException | None = None
         self._closed = False
         self._lock = threading.RLock()
-        self._endpoint = Endpoint(self.bind_addr, port, self.counters, timeout)
+        secret = resolve_secret(secret)
+        exchange = make_exchange(store, self.rank, self.world, prefix) if self.world > 1 else None
+        if exchange is not None and exchange is not store and secret is None and not getattr(store, "private", False):
+            warnings.warn(f"the group's secret travels through a {type(store).__name__} that other users may read: "
+                          "pass secret= (or $INCEPTIONN_GROUP_SECRET) to keep them out of the ring "
+                          "(docs/collectives.md, 'Who can connect')", RuntimeWarning, stacklevel=2)
+        self._endpoint = Endpoint(self.bind_addr, port, self.counters, timeout, self.rank,
+                                  max_pending=64 + 2 * self.world)
         try:
             if self.world > 1:
-                eps = make_exchange(store, self.rank, self.world, prefix).exchange(self._endpoint.endpoint)
-                if len(eps) != self.world:
-                    raise ValueError(f"rendezvous returned {len(eps)} endpoints for a world of {self.world}")
-                self.endpoints = eps
-                self._token = zlib.crc32("|".join(eps).encode()) & MAX_TOKEN
-                self._endpoint.set_group(self._token, self.world)
+                entries = exchange.exchange(entry(self._endpoint.endpoint))
+                if len(entries) != self.world:
+                    raise ValueError(f"rendezvous returned {len(entries)} endpoints for a world of {self.world}")
+                self.endpoints, self._key = group_key(entries, secret)
+                self._endpoint.set_group(self._key)
                 if self.rank == 0:
                     for r in range(1, self.world):
                         self._plane.links[r] = self._incoming(Kind.CONTROL, r)
@@ -179,7 +188,7 @@ class Group:
     # --- connections ---------------------------------------------------------------------------
 
     def _open(self, kind: Kind, peer: int) -> Conn:
-        return connect(self.endpoints[peer], bind_addr=self.bind_addr, token=self._token, rank=self.rank,
+        return connect(self.endpoints[peer], bind_addr=self.bind_addr, key=self._key, rank=self.rank,
                        peer=peer, kind=kind, tos=self.tos if self.tag else 0, counters=self.counters,
                        timeout=self.timeout)
 

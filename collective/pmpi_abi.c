@@ -6,8 +6,9 @@
  * MPICH share MPICH's) and must only run in a program of that ABI. Preloaded into the other kind,
  * it drags its own libmpi in beside the program's, and the two mix: wrong results or a crash
  * inside MPI_Init. So when another family's libmpi is in the process, stop with one line instead:
- * at load (a program linked to MPI has its libmpi mapped by then) and in MPI_Init and
- * MPI_Init_thread (mpi4py loads its libmpi after the interpreter starts).
+ * at load (a program linked to MPI has its libmpi mapped by then) and again at the start of
+ * pmpi_allreduce.c's MPI_Init and MPI_Init_thread (mpi4py loads its libmpi after the interpreter
+ * starts).
  *
  * The large-count entry (MPI-4 libraries: MPICH 4, not OpenMPI 4.1): MPI_Allreduce_c. mpi4py calls
  * it where it exists, so without it MPICH's mpi4py programs would never reach the library.
@@ -19,6 +20,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "pmpi_allreduce.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -67,7 +70,7 @@ static int find_foreign(struct dl_phdr_info *info, size_t size, void *data)
     return 0;
 }
 
-static void check_abi(void)
+void inc_mpi_check_abi(void)
 {
     char found[256] = "";
     if (!dl_iterate_phdr(find_foreign, found))
@@ -90,19 +93,7 @@ static void check_abi(void)
 
 __attribute__((constructor)) static void check_at_load(void)
 {
-    check_abi();
-}
-
-EXPORT int MPI_Init(int *argc, char ***argv)
-{
-    check_abi();
-    return PMPI_Init(argc, argv);
-}
-
-EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
-{
-    check_abi();
-    return PMPI_Init_thread(argc, argv, required, provided);
+    inc_mpi_check_abi();
 }
 
 #if MPI_VERSION >= 4

@@ -7,10 +7,14 @@
  * arguments MPI requires to be equal on every rank, so every rank takes the same calls. Everything
  * else goes to PMPI_Allreduce as it came.
  *
- * Per communicator, on the first call taken: a listener, its endpoint exchanged with
- * PMPI_Allgather, a connection to the right neighbour (tagged 0x28 before connect() in nic mode)
- * and one accepted from the left, agreed with PMPI_Allreduce(MIN); any failure on any rank makes
- * every rank pass that communicator's calls to PMPI_Allreduce from then on (one warning line).
+ * In MPI_Init the ranks compare the settings that decide which calls are taken (agree_settings;
+ * in nic mode with the soft NIC's bound): any difference turns the library off on every rank.
+ * Per communicator, on the first call taken: a listener, its endpoint and a random share of the
+ * ring's secret exchanged with PMPI_Allgather, a connection to the right neighbour (tagged 0x28
+ * before connect() in nic mode) and one accepted from the left, both proven in ring_handshake.c,
+ * agreed with PMPI_Allreduce(MIN); any failure on any rank makes every rank pass that
+ * communicator's calls to PMPI_Allreduce from then on (one warning line). After each taken call
+ * the ranks compare a hash of the result and abort the job if it differs (check_result).
  * The ring is collective/ring.py's schedule, driven by one poll() loop: step s sends block
  * (rank - s) mod N and receives block (rank - s - 1) mod N, chunk by chunk, a received chunk
  * forwarded as soon as it is added. nic mode sends inc_reconstruct() of each partial sum and of
@@ -37,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,7 +49,10 @@
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "log_line.h"
+#include "nicd_bound.h"
 #include "pmpi_allreduce.h"
+#include "ring_handshake.h"
+#include "ring_sha256.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -57,7 +65,14 @@ static struct {
     struct in_addr addr;
     int have_addr;            /* from INCEPTIONN_MPI_ADDR or _IFACE (else chosen at setup) */
     char iface[64];
+    char nicd_socket[108];    /* nic mode: the local soft NIC's stats socket, %h expanded */
+    char k_from[160];         /* where cfg.k came from, for the log */
 } cfg;
+
+/* The settings every rank must share, agreed over MPI_COMM_WORLD in MPI_Init (agree_settings):
+ * until then (MPI_Init never seen) and after a mismatch nothing is taken. */
+enum { AGREE_UNSEEN = 0, AGREE_OK, AGREE_OFF };
+static int g_agree = AGREE_UNSEEN;
 
 /* Error feedback (off by default): what this rank's receivers did not get in the last call of
  * the same count on the same communicator, added to the next one. Keyed by (communicator, count),
@@ -78,6 +93,7 @@ struct ring {
     MPI_Comm comm;
     unsigned long calls;
     struct residual *residuals;
+    int foreign;              /* holds processes of another MPI_COMM_WORLD: never taken */
     struct ring *next;
 };
 
@@ -87,6 +103,7 @@ static struct ring *g_rings;
 static struct {
     unsigned long taken, passed, ef_dropped;
     double taken_bytes, passed_bytes, seconds, ef_bytes;   /* ef_bytes: residual memory held now */
+    double check_seconds, hash_seconds;   /* comparing the results across ranks (check_result), hashing */
 } g_stats;
 
 /* --- output: one write() per line ------------------------------------------------------------- */
@@ -208,6 +225,16 @@ __attribute__((constructor)) static void load_settings(void)
                                           "seconds, 1..86400");
     cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
     cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", 0, 0, 1, "use 0 or 1");
+    const char *ns = getenv("INCEPTIONN_MPI_NICD_SOCKET");
+    if (!ns || !*ns)
+        ns = INC_MPI_DEFAULT_NICD_SOCKET;
+    if (strlen(ns) >= sizeof cfg.nicd_socket || ns[0] != '/') {
+        say("error: bad INCEPTIONN_MPI_NICD_SOCKET '%.40s': an absolute path (%%h: the host name), under %zu bytes", ns,
+            sizeof cfg.nicd_socket);
+        _exit(2);
+    }
+    snprintf(cfg.nicd_socket, sizeof cfg.nicd_socket, "%s", ns);
+    snprintf(cfg.k_from, sizeof cfg.k_from, "configured");
     const char *a = getenv("INCEPTIONN_MPI_ADDR"), *f = getenv("INCEPTIONN_MPI_IFACE");
     if (a && *a) {
         if (inet_pton(AF_INET, a, &cfg.addr) != 1) {
@@ -230,101 +257,44 @@ static int tag(int fd)
     return setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
 }
 
-static int wait_fd(int fd, short events, int ms)
-{
-    struct pollfd p = {.fd = fd, .events = events};
-    int r;
-    do
-        r = poll(&p, 1, ms);
-    while (r < 0 && errno == EINTR);
-    if (r == 0)
-        errno = ETIMEDOUT;
-    return r > 0 ? 0 : -1;
-}
-
-static int io_all(int fd, void *buf, size_t len, int sending, int ms)
-{
-    uint8_t *p = buf;
-    while (len) {
-        if (wait_fd(fd, sending ? POLLOUT : POLLIN, ms) != 0)
-            return -1;
-        ssize_t n = sending ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, len, MSG_DONTWAIT);
-        if (n == 0) {
-            errno = ECONNRESET;
-            return -1;
-        }
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 struct endpoint {
     uint32_t addr;   /* network order */
     uint16_t port;   /* network order */
     uint16_t ok;
-    int32_t mode, k, chunk;   /* settings every rank must share (a job launched by hand may differ) */
+    int32_t mode, k, chunk;   /* settings every rank must share (compared again: a communicator may span worlds) */
+    uint8_t contrib[16];      /* this rank's share of the communicator's secret, from getrandom() */
 };
 
-/* Connect to the right neighbour (hello: magic, size, rank + 1, 1 as float32) and accept the
- * left one; returns 0 or -1 with why filled in. */
-static int connect_ring(struct ring *r, int lfd, const struct endpoint *right, struct in_addr self, char *why,
-                        size_t whylen)
+/* The ring's secret and setup id, the same on every rank: hashes of every rank's endpoint (and
+ * so of every rank's random contribution), which only MPI's own channel carried. */
+static void ring_keys(const struct endpoint *all, int size, uint8_t secret[RING_HS_SECRET],
+                      uint8_t setup_id[RING_HS_SETUP_ID])
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr = self};
-    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_addr.s_addr = right->addr, .sin_port = right->port};
-    if (fd < 0 || (cfg.mode == MODE_NIC && tag(fd) != 0) || bind(fd, (void *)&src, sizeof src) != 0) {
-        snprintf(why, whylen, "ring socket: %s", strerror(errno));
-        goto fail;
+    static const char tag_secret[] = "inceptionn ring secret v2", tag_setup[] = "inceptionn ring setup v2";
+    uint8_t h[RING_SHA256_BYTES];
+    struct ring_sha256 c;
+    ring_sha256_init(&c);
+    ring_sha256_update(&c, tag_setup, sizeof tag_setup);
+    ring_sha256_update(&c, all, (size_t)size * sizeof *all);
+    ring_sha256_final(&c, h);
+    memcpy(setup_id, h, RING_HS_SETUP_ID);
+    ring_sha256_init(&c);
+    ring_sha256_update(&c, tag_secret, sizeof tag_secret);
+    ring_sha256_update(&c, all, (size_t)size * sizeof *all);
+    ring_sha256_final(&c, secret);
+}
+
+static int random_bytes(uint8_t *out, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t m = getrandom(out + got, n - got, 0);
+        if (m < 0 && errno != EINTR)
+            return -1;
+        if (m > 0)
+            got += (size_t)m;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    int fl = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-    if (connect(fd, (void *)&dst, sizeof dst) != 0 && errno != EINPROGRESS) {
-        snprintf(why, whylen, "connect to %s:%u: %s", inet_ntoa(dst.sin_addr), ntohs(dst.sin_port), strerror(errno));
-        goto fail;
-    }
-    int err = 0;
-    socklen_t el = sizeof err;
-    if (wait_fd(fd, POLLOUT, cfg.timeout_ms) != 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err) {
-        snprintf(why, whylen, "connect to %s:%u: %s", inet_ntoa(dst.sin_addr), ntohs(dst.sin_port),
-                 strerror(err ? err : errno));
-        goto fail;
-    }
-    float hello[4] = {INC_MPI_HELLO_MAGIC, (float)r->size, (float)(r->rank + 1), 1.0f};
-    if (io_all(fd, hello, sizeof hello, 1, cfg.timeout_ms) != 0) {
-        snprintf(why, whylen, "hello to the right neighbour: %s", strerror(errno));
-        goto fail;
-    }
-    r->send_fd = fd;
-    fd = -1;
-    if (wait_fd(lfd, POLLIN, cfg.timeout_ms) != 0 || (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
-        snprintf(why, whylen, "accept from the left neighbour: %s", strerror(errno));
-        goto fail;
-    }
-    float got[4];
-    int left = (r->rank + r->size - 1) % r->size;
-    if (io_all(fd, got, sizeof got, 0, cfg.timeout_ms) != 0) {
-        snprintf(why, whylen, "hello from the left neighbour: %s", strerror(errno));
-        goto fail;
-    }
-    if (got[0] != INC_MPI_HELLO_MAGIC || got[1] != (float)r->size || got[2] != (float)(left + 1)) {
-        snprintf(why, whylen, "the connection accepted is not from the left neighbour (rank %d of %d)", left, r->size);
-        goto fail;
-    }
-    r->recv_fd = fd;
     return 0;
-fail:
-    if (fd >= 0)
-        close(fd);
-    return -1;
 }
 
 static void close_ring(struct ring *r)
@@ -350,10 +320,13 @@ static int agree_ok(struct ring *r, int ok, const char *why)
     return 0;
 }
 
+static double now(void);
+
 static void setup(struct ring *r)
 {
     char why[256] = "";
     int ok = 1, lfd = -1;
+    double setup_ms = 0;
     struct in_addr self = cfg.addr;
     if (!cfg.have_addr) {
         if (cfg.iface[0]) {
@@ -370,13 +343,18 @@ static void setup(struct ring *r)
     if (ok) {
         lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (lfd < 0 || (cfg.mode == MODE_NIC && tag(lfd) != 0) || bind(lfd, (void *)&sa, sizeof sa) != 0 ||
-            listen(lfd, 4) != 0 || getsockname(lfd, (void *)&sa, &sl) != 0) {
+            listen(lfd, 64) != 0 || getsockname(lfd, (void *)&sa, &sl) != 0) {
             snprintf(why, sizeof why, "listen on %s: %s", inet_ntoa(self), strerror(errno));
             ok = 0;
         }
     }
-    struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port, .ok = (uint16_t)ok,
+    struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port,
                           .mode = cfg.mode, .k = cfg.k, .chunk = (int32_t)cfg.chunk};
+    if (ok && random_bytes(me.contrib, sizeof me.contrib) != 0) {
+        snprintf(why, sizeof why, "getrandom: %s", strerror(errno));
+        ok = 0;
+    }
+    me.ok = (uint16_t)ok;
     struct endpoint *all = calloc((size_t)r->size, sizeof *all);
     if (!all)
         ring_fail(r, "out of memory for the endpoints");
@@ -400,12 +378,26 @@ static void setup(struct ring *r)
                     "falls back to MPI's own", r->rank, r->size, why);
             agreed = 0;
         } else {
-            ok = connect_ring(r, lfd, &all[(r->rank + 1) % r->size], self, why, sizeof why) == 0;
+            struct ring_hs hs = {.rank = r->rank, .size = r->size, .tagged = cfg.mode == MODE_NIC,
+                                 .timeout_ms = cfg.timeout_ms, .self = self, .lfd = lfd,
+                                 .left_addr = all[(r->rank + r->size - 1) % r->size].addr,
+                                 .right_addr = all[(r->rank + 1) % r->size].addr,
+                                 .right_port = all[(r->rank + 1) % r->size].port};
+            ring_keys(all, r->size, hs.secret, hs.setup_id);
+            int refused = 0;
+            double t0 = now();
+            ok = ring_handshake(&hs, &r->send_fd, &r->recv_fd, &refused, why, sizeof why) == 0;
+            explicit_bzero(&hs, sizeof hs);
+            setup_ms = 1e3 * (now() - t0);
+            if (ok && refused && cfg.log)
+                say("ring setup: %d connection(s) to the ring's listener refused (not the left neighbour's, or not "
+                    "proven)", refused);
             agreed = agree_ok(r, ok, why);
         }
     } else {
         say("warning: ring setup failed: PMPI_Allgather of the endpoints failed; MPI_Allreduce falls back to MPI's own");
     }
+    explicit_bzero(all, (size_t)r->size * sizeof *all);   /* the shares make the secret */
     free(all);
     if (lfd >= 0)
         close(lfd);
@@ -416,8 +408,9 @@ static void setup(struct ring *r)
     }
     r->state = RING_READY;
     if (cfg.log)
-        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, error bound %d%s", r->size, MODE_NAME[cfg.mode],
-            inet_ntoa(self), ntohs(me.port), cfg.min_count, cfg.k, cfg.feedback ? ", error feedback" : "");
+        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, error bound %d (%s)%s, handshake %.1f ms", r->size,
+            MODE_NAME[cfg.mode], inet_ntoa(self), ntohs(me.port), cfg.min_count, cfg.k, cfg.k_from,
+            cfg.feedback ? ", error feedback" : "", setup_ms);
 }
 
 /* --- error feedback memory ---------------------------------------------------------------------- */
@@ -504,6 +497,32 @@ static int delete_ring(MPI_Comm comm, int keyval, void *value, void *extra)
     return MPI_SUCCESS;
 }
 
+/* Whether comm holds a process outside this MPI_COMM_WORLD (MPI_Comm_spawn, connect/accept and a
+ * merged intercommunicator): the processes of another world agreed their settings among
+ * themselves, not with us, so the threshold could differ; every member sees some process of
+ * another world, so all of them pass its calls through. */
+static int spans_worlds(MPI_Comm comm, int size)
+{
+    MPI_Group g, w;
+    int *in = malloc((size_t)size * sizeof *in), *out = malloc((size_t)size * sizeof *out), foreign = 1;
+    if (in && out && PMPI_Comm_group(comm, &g) == MPI_SUCCESS) {
+        if (PMPI_Comm_group(MPI_COMM_WORLD, &w) == MPI_SUCCESS) {
+            for (int i = 0; i < size; i++)
+                in[i] = i;
+            if (PMPI_Group_translate_ranks(g, size, in, w, out) == MPI_SUCCESS) {
+                foreign = 0;
+                for (int i = 0; i < size; i++)
+                    foreign |= out[i] == MPI_UNDEFINED;
+            }
+            PMPI_Group_free(&w);
+        }
+        PMPI_Group_free(&g);
+    }
+    free(in);
+    free(out);
+    return foreign;
+}
+
 static struct ring *ring_for(MPI_Comm comm, int size)
 {
     struct ring *r = NULL;
@@ -519,6 +538,7 @@ static struct ring *ring_for(MPI_Comm comm, int size)
             r->send_fd = r->recv_fd = -1;
             r->size = size;
             r->comm = comm;
+            r->foreign = spans_worlds(comm, size);
             PMPI_Comm_rank(comm, &r->rank);
             if (PMPI_Comm_set_attr(comm, g_keyval, r) == MPI_SUCCESS) {
                 r->next = g_rings;
@@ -826,6 +846,162 @@ static void scale(struct ring *r, float *x, size_t n, int inverse, int *exps)
     }
 }
 
+/* --- settings every rank shares: agreed once, in MPI_Init ------------------------------------- */
+
+struct shared_settings {
+    int32_t version, mode, k, chunk, k_from_nicd, bad;
+    int64_t min_count;
+    char why[160];            /* bad: why this rank cannot state its settings */
+};
+
+/* tmpl with every %h replaced by this host's name (testbed hosts share one filesystem) */
+static void expand_host(char *out, size_t cap, const char *tmpl)
+{
+    char host[64] = "localhost";
+    gethostname(host, sizeof host - 1);
+    size_t n = 0;
+    for (const char *t = tmpl; *t && n + 1 < cap; t++) {
+        if (t[0] == '%' && t[1] == 'h') {
+            n += (size_t)snprintf(out + n, cap - n, "%s", host);
+            n = n < cap ? n : cap - 1;
+            t++;
+        } else {
+            out[n++] = *t;
+        }
+    }
+    out[n] = 0;
+}
+
+static void describe_settings(char *out, size_t cap, const struct shared_settings *s)
+{
+    snprintf(out, cap, "mode %s, min count %lld, error bound %d%s, chunk %d, version %d", MODE_NAME[s->mode & 1],
+             (long long)s->min_count, s->k, s->k_from_nicd ? " (its soft NIC's)" : "", s->chunk, s->version);
+}
+
+/* Every rank states its settings (in nic mode with the bound its soft NIC runs) and all compare
+ * them: one PMPI_Allgather over MPI_COMM_WORLD. Any difference, or a rank that cannot say, turns
+ * the library off on every rank (each prints the same line): every call is then MPI's own. */
+static void agree_settings(void)
+{
+    struct shared_settings me = {.version = INC_MPI_SETTINGS_VERSION, .mode = cfg.mode, .chunk = (int32_t)cfg.chunk,
+                                 .min_count = cfg.min_count};
+    if (cfg.mode == MODE_NIC) {
+        char path[256];
+        int k = 0;
+        expand_host(path, sizeof path, cfg.nicd_socket);
+        int st = nicd_error_bound(path, &k, me.why, sizeof me.why);
+        if (st == 1 && (k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND)) {
+            snprintf(me.why, sizeof me.why, "the soft NIC at %.80s runs error bound %d, outside %d..%d", path, k,
+                     INC_MIN_ERROR_BOUND, INC_MAX_ERROR_BOUND);
+            st = -1;
+        }
+        if (st == 1) {
+            cfg.k = k;
+            snprintf(cfg.k_from, sizeof cfg.k_from, "the soft NIC's");
+            me.k_from_nicd = 1;
+        } else if (st < 0) {
+            me.bad = 1;
+        } else {
+            snprintf(cfg.k_from, sizeof cfg.k_from, "configured; no soft NIC answers at %.100s", path);
+        }
+    }
+    me.k = cfg.k;
+    int size = 0, rank = 0;
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    struct shared_settings *all = calloc((size_t)size, sizeof *all);
+    if (!all) {
+        say("error: out of memory agreeing the MPI_Allreduce library's settings; aborting the job");
+        PMPI_Abort(MPI_COMM_WORLD, 1);
+        _exit(1);
+    }
+    if (PMPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        say("warning: the MPI_Allreduce library is off: PMPI_Allgather of the settings failed; every MPI_Allreduce is "
+            "MPI's own");
+        g_agree = AGREE_OFF;
+        free(all);
+        return;
+    }
+    char line[400] = "";
+    for (int i = 0; i < size && !line[0]; i++) {
+        all[i].why[sizeof all[i].why - 1] = 0;
+        if (all[i].bad) {
+            snprintf(line, sizeof line, "rank %d cannot state its settings (%s)", i, all[i].why);
+        } else if (i && (all[i].version != all[0].version || all[i].mode != all[0].mode || all[i].k != all[0].k ||
+                         all[i].chunk != all[0].chunk || all[i].min_count != all[0].min_count)) {
+            char a[160], b[160];
+            describe_settings(a, sizeof a, &all[i]);
+            describe_settings(b, sizeof b, &all[0]);
+            snprintf(line, sizeof line, "rank %d's settings differ from rank 0's (%s; rank 0: %s)", i, a, b);
+        }
+    }
+    free(all);
+    if (line[0]) {
+        say("warning: the MPI_Allreduce library is off for this job: %s; every MPI_Allreduce is MPI's own", line);
+        g_agree = AGREE_OFF;
+    } else {
+        g_agree = AGREE_OK;
+    }
+}
+
+/* --- the result check: every rank's result must be the same bits ------------------------------ */
+
+static uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 33);
+}
+
+/* A 64-bit hash of n floats' bits: four lanes of a bijective step per 8-byte word (one differing
+ * word always changes its lane's state), combined at the end. Not keyed: it compares replicas,
+ * whose bits only this process wrote. */
+static uint64_t result_hash(const float *x, size_t n)
+{
+    const uint64_t P = 0x9e3779b185ebca87ULL;
+    uint64_t h[4] = {P, ~P, P * 3, ~(P * 3)};
+    const uint8_t *b = (const void *)x;
+    size_t bytes = n * sizeof(float), i = 0;
+    for (; i + 32 <= bytes; i += 32)
+        for (int j = 0; j < 4; j++) {
+            uint64_t w;
+            memcpy(&w, b + i + 8 * (size_t)j, 8);
+            h[j] = (h[j] ^ w) * P;
+            h[j] ^= h[j] >> 29;
+        }
+    for (; i + 4 <= bytes; i += 4) {
+        uint32_t w;
+        memcpy(&w, b + i, 4);
+        h[0] = (h[0] ^ w) * P;
+        h[0] ^= h[0] >> 29;
+    }
+    return mix64(h[0] ^ (h[1] << 17 | h[1] >> 47) ^ (h[2] << 31 | h[2] >> 33) ^ (h[3] << 47 | h[3] >> 17) ^ bytes);
+}
+
+/* One PMPI_Allreduce(MAX) of (h, ~h): max h == min h iff every rank's result is the same bits.
+ * A soft NIC whose bound changed mid-job (SIGHUP) makes replicas differ: the job ends here, before
+ * any rank returns the result. Rank 0 says why; the others wait for mpirun to end them. */
+static void check_result(struct ring *r, const float *x, size_t n, double *hash_s)
+{
+    double t0 = now();
+    uint64_t h = result_hash(x, n), v[2] = {h, ~h}, m[2] = {0, 0};
+    *hash_s = now() - t0;
+    if (PMPI_Allreduce(v, m, 2, MPI_UINT64_T, MPI_MAX, r->comm) != MPI_SUCCESS)
+        ring_fail(r, "comparing the result across ranks: PMPI_Allreduce failed");
+    if (m[0] == ~m[1])
+        return;
+    if (r->rank == 0)
+        say("error: MPI_Allreduce ring (%d ranks, mode %s, error bound %d) gave different results on different ranks "
+            "(a soft NIC's error bound changed during the job? a reload with SIGHUP does that); aborting the job "
+            "before any rank returns it", r->size, MODE_NAME[cfg.mode], cfg.k);
+    else
+        sleep(2);
+    PMPI_Abort(r->comm, 1);
+    _exit(1);
+}
+
 /* --- the interposed calls --------------------------------------------------------------------- */
 
 static double now(void)
@@ -878,6 +1054,15 @@ static int eligible(int count, MPI_Datatype dt, MPI_Op op, MPI_Comm comm, int *s
         snprintf(why, sizeof why, "count below %ld", cfg.min_count);
         return passed(why, count, dt, op);
     }
+    if (g_agree == AGREE_UNSEEN) {
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            say("warning: the MPI_Allreduce library did not see MPI_Init (so the ranks never compared their "
+                "settings); every MPI_Allreduce is MPI's own");
+        return passed("MPI_Init not seen: settings never compared", count, dt, op);
+    }
+    if (g_agree != AGREE_OK)
+        return passed("the library is off: settings differ between ranks", count, dt, op);
     return 1;
 }
 
@@ -888,8 +1073,9 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     if (!eligible(count, datatype, op, comm, &size))
         return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
     struct ring *r = ring_for(comm, size);
-    if (!r) {
-        passed("no attribute for this communicator", count, datatype, op);
+    if (!r || r->foreign) {
+        passed(r ? "the communicator holds processes of another MPI_COMM_WORLD" : "no attribute for this communicator",
+               count, datatype, op);
         return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
     }
     pthread_mutex_lock(&r->mu);
@@ -922,17 +1108,39 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
                 ef->lost[i] = 0;
     }
     free(exps);
-    double dt = now() - t0;
+    double tc = now(), dh = 0;
+    check_result(r, x, n, &dh);
+    double dc = now() - tc, dt = now() - t0;
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&g_mu);
     g_stats.taken++;
     g_stats.taken_bytes += (double)n * 4;
     g_stats.seconds += dt;
+    g_stats.check_seconds += dc;
+    g_stats.hash_seconds += dh;
     pthread_mutex_unlock(&g_mu);
     if (cfg.log)
         say("took MPI_Allreduce(count %d, float32, MPI_SUM) on %d ranks: %.3f ms, mode %s", count, size, dt * 1e3,
             MODE_NAME[cfg.mode]);
     return MPI_SUCCESS;
+}
+
+EXPORT int MPI_Init(int *argc, char ***argv)
+{
+    inc_mpi_check_abi();   /* pmpi_abi.c: never run inside the other MPI family */
+    int rc = PMPI_Init(argc, argv);
+    if (rc == MPI_SUCCESS)
+        agree_settings();
+    return rc;
+}
+
+EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
+{
+    inc_mpi_check_abi();   /* pmpi_abi.c: never run inside the other MPI family */
+    int rc = PMPI_Init_thread(argc, argv, required, provided);
+    if (rc == MPI_SUCCESS)
+        agree_settings();
+    return rc;
 }
 
 EXPORT int MPI_Finalize(void)
@@ -956,9 +1164,11 @@ EXPORT int MPI_Finalize(void)
         if (cfg.feedback)
             snprintf(ef, sizeof ef, "; error feedback: %.1f MiB of residuals at the end, %lu dropped", ef_held / 1048576.0,
                      g_stats.ef_dropped);
-        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s), %lu passed through (%.1f MiB)%s",
-            g_stats.taken, g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], g_stats.passed,
-            g_stats.passed_bytes / 1048576.0, ef);
+        double per = g_stats.taken ? 1e6 / (double)g_stats.taken : 0.0;
+        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s), %lu passed through (%.1f MiB)%s; "
+            "result check per call: %.0f us (hash %.0f us, the rest waits for the slowest rank)", g_stats.taken,
+            g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], g_stats.passed,
+            g_stats.passed_bytes / 1048576.0, ef, g_stats.check_seconds * per, g_stats.hash_seconds * per);
     }
     return PMPI_Finalize();
 }

@@ -11,7 +11,8 @@
  *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default -10, nicd's default; in nic mode
  *                               it must be the daemons' bound)
  *   INCEPTIONN_MPI_CHUNK        values per pipelined chunk (default 65536)
- *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting (default 300)
+ *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting, and the one
+ *                               deadline of a ring's setup handshake (default 300)
  *   INCEPTIONN_MPI_ADDR         the IPv4 address of the ring's sockets, or
  *   INCEPTIONN_MPI_IFACE        an interface name or an IPv4 network (a.b.c.d/len) to take it from
  *                               (default: the first non-loopback IPv4 address)
@@ -19,6 +20,12 @@
  *                               at most INC_MPI_EF_MAX_KEYS per communicator; 0 or unset: off
  *   INCEPTIONN_MPI_LOG          1: one line per MPI_Allreduce (taken or passed, and why), setup
  *                               lines, a summary at MPI_Finalize; 0 or unset: warnings only
+ *   INCEPTIONN_MPI_NICD_SOCKET  nic mode: the local soft NIC's stats socket, whose error bound
+ *                               replaces INCEPTIONN_MPI_ERROR_BOUND (%h: the host name; default
+ *                               nicd's default socket)
+ *
+ * Mode, threshold, error bound and chunk are compared over MPI_COMM_WORLD in MPI_Init: a
+ * difference turns the library off on every rank (docs/mpi-allreduce.md, "Settings").
  */
 #ifndef INCEPTIONN_PMPI_ALLREDUCE_H
 #define INCEPTIONN_PMPI_ALLREDUCE_H
@@ -31,5 +38,10 @@
 #define INC_MPI_DEFAULT_TIMEOUT 300
 #define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
+#define INC_MPI_DEFAULT_NICD_SOCKET "/run/inceptionn/nicd.sock"   /* daemon/settings.py's default */
+#define INC_MPI_SETTINGS_VERSION 2       /* the settings and the handshake this build speaks */
+
+/* collective/pmpi_abi.c: stop with one line if another MPI family's libmpi is in the process */
+void inc_mpi_check_abi(void);
 
 #endif

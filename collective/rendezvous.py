@@ -11,6 +11,14 @@ Three ways in, all giving ``exchange(value) -> [value of rank 0, ..., value of r
 - **torch.distributed**: ``all_gather_object`` on an initialised process group
   (``TorchExchange``), used by ``Group.from_torch``.
 
+The exchange also makes the group's secret (``group_key``): every rank adds 16 random bytes to
+its entry, and the secret is an HMAC of all entries, keyed with ``secret=`` (or
+``$INCEPTIONN_GROUP_SECRET``, hex) when the caller gives one. Through MPI or torch.distributed
+only the ranks see the entries. A store is as private as its files: ``FileStore`` makes its
+directory 0700 and its files 0600 (only the same user, and root, can read them), and reports
+``private``; a ``TCPStore`` serves its keys to anyone who can connect, so give such a group a
+secret of its own (docs/collectives.md, "Who can connect").
+
 ``default_bind_addr()`` picks the address the data sockets use when the caller gives none:
 ``$INCEPTIONN_BIND_ADDR``, else the only non-loopback IPv4 address of this host (inside a
 testbed host: its testbed address), else the first one, else 127.0.0.1.
@@ -18,8 +26,11 @@ testbed host: its testbed address), else the first one, else 127.0.0.1.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import os
 import socket
+import stat
 import struct
 import tempfile
 import time
@@ -27,13 +38,21 @@ import urllib.parse
 from pathlib import Path
 
 
+SECRET_ENV = "INCEPTIONN_GROUP_SECRET"
+MIN_SECRET_BYTES = 16
+
+
 class FileStore:
-    """A minimal store in a shared directory: ``set`` writes a file atomically, ``get`` waits for it."""
+    """A minimal store in a shared directory: ``set`` writes a file atomically (mode 0600), ``get``
+    waits for it. A directory it creates is 0700. ``private``: no other user can read or write
+    the entries (the directory is this user's and nobody else may write it)."""
 
     def __init__(self, path: str | os.PathLike, timeout: float = 300.0):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.timeout = float(timeout)
+        st = self.path.stat()
+        self.private = st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
     def _file(self, key: str) -> Path:
         return self.path / urllib.parse.quote(str(key), safe="")
@@ -58,6 +77,48 @@ class FileStore:
                                        "(did every rank start?)") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
+
+
+def resolve_secret(secret) -> bytes | None:
+    """The caller's secret: ``secret`` (bytes), else ``$INCEPTIONN_GROUP_SECRET`` (hex), else None."""
+    where = "secret"
+    if secret is None:
+        env = os.environ.get(SECRET_ENV, "").strip()
+        if not env:
+            return None
+        try:
+            secret = bytes.fromhex(env)
+        except ValueError:
+            raise ValueError(f"${SECRET_ENV} must be hex digits (e.g. python3 -c 'import secrets; "
+                             "print(secrets.token_hex(16))')") from None
+        where = f"${SECRET_ENV}"
+    if not isinstance(secret, (bytes, bytearray)):
+        raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"{where} must be at least {MIN_SECRET_BYTES} bytes ({2 * MIN_SECRET_BYTES} hex digits), "
+                         f"got {len(secret)}")
+    return bytes(secret)
+
+
+def entry(endpoint: str) -> str:
+    """What a rank publishes: its endpoint and its random share of the group's secret."""
+    return f"{endpoint} {os.urandom(16).hex()}"
+
+
+def group_key(entries: list[str], secret: bytes | None):
+    """(endpoints, GroupKey) from every rank's entry, the same on every rank."""
+    from .transport import GroupKey, parse_endpoint
+    endpoints = []
+    for r, e in enumerate(entries):
+        ep, _, share = str(e).rpartition(" ")
+        if len(share) != 32 or not ep or any(c not in "0123456789abcdef" for c in share):
+            raise ValueError(f"rendezvous: rank {r}'s entry {str(e)[:60]!r} is not 'host:port share' (a rank of "
+                             "another version, or a store shared with another program?)")
+        endpoints.append(ep)
+    blob = "\n".join(entries).encode()
+    key = hmac.new(secret or b"inceptionn group", b"inceptionn group secret v2\n" + blob, hashlib.sha256).digest()
+    gid = hashlib.sha256(b"inceptionn group id v2\n" + blob).digest()[:16]
+    return endpoints, GroupKey(key, gid, len(entries), tuple(parse_endpoint(ep)[0] for ep in endpoints))
 
 
 class StoreExchange:

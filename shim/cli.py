@@ -72,6 +72,9 @@ def register(sub) -> None:
                         "daemons' --error-bound)")
     e.add_argument("--allreduce-error-feedback", action="store_true",
                    help="carry what the codec lost in a call into the next call of the same count")
+    e.add_argument("--allreduce-nicd-socket", metavar="PATH",
+                   help="nic mode: the soft NIC's stats socket on every host (%%h: the host's name; default "
+                        "nicd's); the ranks run the bound the daemon runs")
     e.add_argument("--iface", metavar="IF|CIDR",
                    help="the ring's network: an interface name or a.b.c.d/len (default: each rank's first "
                         "non-loopback IPv4 address)")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from inceptionn.errors import UserError
 
+from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
+
 from .run import preload_library
 
 LIBRARIES = {"openmpi": "inceptionn.collective._pmpi_allreduce",
@@ -41,6 +43,7 @@ class Allreduce:
     min_count: int = DEFAULT_MIN_COUNT
     error_bound: int = DEFAULT_ERROR_BOUND
     error_feedback: bool = False
+    nicd_socket: str | None = None     # nic mode: the soft NIC's stats socket (%h: the host's name)
 
 
 def check_mode(v: str) -> str:
@@ -59,6 +62,12 @@ def check_error_bound(v: str) -> int:
     if not re.fullmatch(r"-[0-9]{1,2}", v) or not -30 <= int(v) <= -1:
         raise UserError(f"bad --allreduce-error-bound {v!r}: use -30..-1 (nicd --error-bound)")
     return int(v)
+
+
+def check_nicd_socket(v: str) -> str:
+    if not v.startswith("/") or len(v) > 100 or "\n" in v:
+        raise UserError(f"bad --allreduce-nicd-socket {v[:40]!r}: an absolute path under 100 bytes (%h: the host's name)")
+    return v
 
 
 def check_iface(v: str) -> str:
@@ -149,11 +158,13 @@ def allreduce_env(a: Allreduce, family: str, nic_running: bool, iface: str | Non
         env["INCEPTIONN_MPI_IFACE"] = iface
     if a.error_feedback:
         env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1"
+    if a.nicd_socket:
+        env["INCEPTIONN_MPI_NICD_SOCKET"] = a.nicd_socket
     if log:
         env["INCEPTIONN_MPI_LOG"] = "1"
     settings = {"library": lib, "mpi": family, "mode": mode, "requested_mode": a.mode,
                 "min_count": a.min_count, "error_bound": a.error_bound, "error_feedback": a.error_feedback,
-                "iface": iface, "log": log}
+                "iface": iface, "log": log, "nicd_socket": a.nicd_socket or DEFAULT_NICD_SOCKET}
     return settings, env
 
 
@@ -206,7 +217,8 @@ def run_env(args) -> int:
         raise UserError("which MPI does the job run? give --mpi openmpi or --mpi mpich, or the program after -- "
                         "to read it from")
     a = Allreduce(check_mode(args.allreduce_mode), check_min_count(args.allreduce_min_count),
-                  check_error_bound(args.allreduce_error_bound), args.allreduce_error_feedback)
+                  check_error_bound(args.allreduce_error_bound), args.allreduce_error_feedback,
+                  check_nicd_socket(args.allreduce_nicd_socket) if args.allreduce_nicd_socket else None)
     iface = check_iface(args.iface) if args.iface else None
     nic = False
     if a.mode == "auto":   # only this host can be checked; the job's hosts may differ

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inceptionn.daemon import rules
+from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
 from inceptionn.errors import UserError
 
 from . import mpienv
@@ -55,7 +56,7 @@ DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
-           "--allreduce-error-bound": True, "--allreduce-error-feedback": False}
+           "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--allreduce-nicd-socket": True}
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
@@ -93,6 +94,10 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --allreduce-error-feedback
                       add what the codec lost in a call to the next call of the same count on
                       the same communicator (off by default; docs/mpi-allreduce.md)
+  --allreduce-nicd-socket PATH
+                      nic mode: the soft NIC's stats socket on every host (%h: the host's
+                      name; default nicd's, {DEFAULT_NICD_SOCKET}); the ranks run the bound
+                      the daemon runs, and a rank that cannot read it turns the library off
   --testbed NAME      launch on the hosts of testbed NAME (`inceptionn testbed up`)
   --slots N           ranks per testbed host (default 1)
   --iface IF|CIDR     network for MPI's TCP traffic (btl/oob_tcp_if_include; default with
@@ -131,6 +136,7 @@ class Options:
     allreduce_min_count: int = DEFAULT_MIN_COUNT
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
     allreduce_error_feedback: bool = False
+    allreduce_nicd_socket: str | None = None
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -200,6 +206,8 @@ def parse_args(rest: list[str]) -> Options:
         opts.allreduce_min_count = mpienv.check_min_count(values["--allreduce-min-count"])
     if "--allreduce-error-bound" in values:
         opts.allreduce_error_bound = mpienv.check_error_bound(values["--allreduce-error-bound"])
+    if "--allreduce-nicd-socket" in values:
+        opts.allreduce_nicd_socket = mpienv.check_nicd_socket(values["--allreduce-nicd-socket"])
     if opts.iface is not None:
         mpienv.check_iface(opts.iface)
     return opts
@@ -463,7 +471,7 @@ def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> t
                         "launch it with its own launcher and `inceptionn env --compress-allreduce --mpi mpich` "
                         "(docs/launchers.md)")
     a = mpienv.Allreduce(opts.allreduce_mode, opts.allreduce_min_count, opts.allreduce_error_bound,
-                         opts.allreduce_error_feedback)
+                         opts.allreduce_error_feedback, opts.allreduce_nicd_socket)
     return mpienv.allreduce_env(a, "openmpi", bool(hosts) and all(h["nic"]["running"] for h in hosts), iface,
                                 bool(opts.log))
 

@@ -1,0 +1,45 @@
+/*
+ * The MPI_Allreduce library's ring handshake (docs/mpi-allreduce.md, "Who can join a ring"):
+ * each rank connects to its right neighbour and accepts its left one, and both connections
+ * prove knowledge of the communicator's secret in a challenge-response with a nonce from each
+ * side, within one deadline for the whole handshake.
+ *
+ *   connector -> acceptor  HELLO     magic, version, size, rank + 1, nonce_c
+ *   acceptor -> connector  CHALLENGE magic, version, nonce_a, MAC("A")
+ *   connector -> acceptor  PROOF     MAC("C")
+ *   MAC(role) = HMAC-SHA256(secret, role | setup id | size | connector rank | acceptor rank |
+ *                                   nonce_c | nonce_a)
+ *
+ * Every byte is float32 (both directions may be tagged 0x28 in nic mode, and the soft NIC's codec
+ * keeps only floats >= 1 exact): nonces and MACs travel 16 bits per float, as 1 + v.
+ */
+#ifndef INCEPTIONN_RING_HANDSHAKE_H
+#define INCEPTIONN_RING_HANDSHAKE_H
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RING_HS_VERSION 2
+#define RING_HS_SECRET 32
+#define RING_HS_SETUP_ID 16
+#define RING_HS_MAX_PENDING 8     /* unproven connections held at once; the oldest goes first */
+
+struct ring_hs {
+    int rank, size;
+    int tagged;                   /* ToS 0x28 on the connecting socket (nic mode) */
+    int timeout_ms;               /* the one deadline of the whole handshake */
+    uint8_t secret[RING_HS_SECRET];
+    uint8_t setup_id[RING_HS_SETUP_ID];
+    struct in_addr self;          /* the connecting socket's source address */
+    uint32_t left_addr;           /* network order: the only source address accepted */
+    uint32_t right_addr;          /* network order */
+    uint16_t right_port;          /* network order */
+    int lfd;                      /* the listener (made non-blocking here) */
+};
+
+/* 0 with *send_fd (to the right) and *recv_fd (from the left) proven; -1 with why filled in.
+ * *refused counts the connections closed unproven. */
+int ring_handshake(const struct ring_hs *p, int *send_fd, int *recv_fd, int *refused, char *why, size_t whylen);
+
+#endif
