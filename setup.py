@@ -42,9 +42,10 @@ ext_modules = [tag_preload]
 if (mpi := mpi_flags()) is not None:
     ext_modules.append(Extension(
         "inceptionn.collective._pmpi_allreduce",
-        sources=["collective/pmpi_allreduce.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c"],
+        sources=["collective/pmpi_allreduce.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c",
+                 "codecs_c/blockscale_codec.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
-        depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "shim/inceptionn_contract.h",
+        depends=["collective/pmpi_allreduce.h", "codecs_c/inceptionn_codec.h", "codecs_c/blockscale_codec.h", "shim/inceptionn_contract.h",
                  "shim/log_line.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
                             "-ffp-contract=off"],  # the same roundings on every host, as the codecs
