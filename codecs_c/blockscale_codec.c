@@ -39,6 +39,34 @@ static float pow2f(int s)
     return f;
 }
 
+/* q[0..m) = the representable value nearest to x[i] * up (ties: the one nearer zero). The codec's own
+ * reconstruction truncates toward zero, a bias that adds up hop after hop; any value it represents
+ * is as good on the wire (a fixed point: it arrives unchanged), so the sender picks the nearest:
+ * lo = the truncation, hi = the next representable magnitude above it. Values >= 1.0, inf and NaN
+ * go verbatim, as in the codec. */
+static void round_nearest(const float *x, float up, float *q, size_t m, int k)
+{
+    const float first = pow2f(k > -7 ? k : -7);          /* the smallest representable magnitude > 0 */
+    const float t16 = pow2f(k + (-k + 1) / 2);            /* where the 16-bit tier starts */
+    const float q8 = pow2f(-7), q16 = pow2f(-15);         /* the 8- and 16-bit tiers' steps */
+    float v[64];
+    for (size_t b = 0; b < m; b += 64) {
+        size_t c = m - b < 64 ? m - b : 64;
+        for (size_t i = 0; i < c; i++)
+            v[i] = x[b + i] * up;                         /* exact unless it leaves the normal range */
+        inc_reconstruct(v, c, k, q + b);
+        for (size_t i = 0; i < c; i++) {
+            float a = fabsf(v[i]);
+            if (!(a < 1.0f))
+                continue;
+            float lo = fabsf(q[b + i]);
+            float hi = lo == 0.0f ? first : lo + (lo < t16 ? q8 : q16);
+            if (hi < 1.0f && hi - a < a - lo)
+                q[b + i] = copysignf(hi, v[i]);
+        }
+    }
+}
+
 ptrdiff_t bs_encode(const float *x, size_t n, size_t block, int k, float *wire, size_t cap, float *decoded)
 {
     if (block < 1 || block > BS_MAX_BLOCK || k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND)
@@ -55,9 +83,7 @@ ptrdiff_t bs_encode(const float *x, size_t n, size_t block, int k, float *wire, 
         float up = pow2f(s), down = pow2f(-s);
         wire[w++] = (float)(BS_MARK_BASE + s);
         float *q = wire + w;
-        for (size_t i = 0; i < m; i++)
-            q[i] = x[a + i] * up;
-        inc_reconstruct(q, m, k, q);
+        round_nearest(x + a, up, q, m, k);
         if (decoded)
             for (size_t i = 0; i < m; i++)
                 decoded[a + i] = q[i] * down;

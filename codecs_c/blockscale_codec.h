@@ -5,7 +5,9 @@
  * what it sends: values go in blocks of `block` (the last one may be shorter), and each block is
  * sent as one exponent float followed by its values times 2^s, through inc_reconstruct:
  *
- *   wire = [BS_MARK_BASE + s] [q_0 .. q_{m-1}]   q_i = inc_reconstruct(x_i * 2^s, k)
+ *   wire = [BS_MARK_BASE + s] [q_0 .. q_{m-1}]   q_i = the value nearest x_i * 2^s that the
+ *                                                 codec represents (inc_reconstruct truncates
+ *                                                 toward zero; the nearest is unbiased)
  *
  * s = -e where the block's max |x| = f * 2^e, f in [0.5, 1) (frexpf, never log2: every host
  * must get the same s), so the scaled block's max lies in [0.5, 1); s = 0 for a block that is all

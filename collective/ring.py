@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from ..codecs.blockscale import BlockScale
+from ..codecs.blockscale import BLOCK_VALUES, BlockScale
 from .stats import Timers
 from .transport import Conn
 
@@ -101,7 +101,8 @@ class Wire:
     every rank forwards unchanged.
     """
 
-    def __init__(self, mode: str, codec=None, *, scaled: bool = False, need_decoded: bool = True):
+    def __init__(self, mode: str, codec=None, *, scaled: bool = False, need_decoded: bool = True,
+                 block: int = BLOCK_VALUES):
         assert mode in MODES
         self.mode, self.codec = mode, codec
         self.scaled = bool(scaled) and mode != "raw"
@@ -112,7 +113,7 @@ class Wire:
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
                 raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
                                  "per-block scaling runs INCEPTIONN's reconstruction at that bound")
-            self.bs = BlockScale(int(k))
+            self.bs = BlockScale(int(k), block)   # block: other sizes only to measure them (bench scale)
         # the wire is the values themselves: received straight into the destination
         self.direct = mode == "raw" or (mode == "nic" and not self.scaled)
 
@@ -276,7 +277,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
 
 
 def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, codec=None,
-                  scaled: bool = False, progress=None) -> np.ndarray:
+                  scaled: bool = False, block: int = BLOCK_VALUES, count=None, progress=None) -> np.ndarray:
     """What ``ring_allreduce`` on ``world`` ranks leaves on every rank, computed in one process
     (bench/scale.py): the same blocks, chunks and Wire transforms in the same order, without
     sockets, so the bits are those of the real ring (tests/test_collective.py holds them
@@ -285,9 +286,11 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
     Block b's partial sum starts at rank b and visits ranks b+1 .. b-1 (phase 1: each sends it
     with ``Wire.send``, the next decodes it with ``Wire.receive`` and adds its own values); the
     last one owns it (``Wire.own``), and phase 2 gives every rank what the owner's payload
-    decodes to, which is what the owner keeps."""
+    decodes to, which is what the owner keeps. ``count(payload, m, times)``, if given, sees every
+    payload: phase 1's once each, the owner's with times = world - 1 (it crosses that many links).
+    ``progress(done, world)`` is called after each ring block."""
     assert mode in MODES and world >= 2
-    wire = Wire(mode, codec, scaled=scaled, need_decoded=False)
+    wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block)
     out = np.empty(n, dtype=np.float32)
     for b, (lo, hi) in enumerate(block_bounds(n, world)):
         for a, e in chunk_list(lo, hi, chunk_values):
@@ -295,13 +298,16 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
             part = np.empty(e - a, dtype=np.float32)
             for j in range(1, world):
                 payload, _ = wire.send(acc)
+                if count is not None:
+                    count(payload, e - a, 1)
                 if mode != "raw":
                     receive(wire, payload, part)
                 else:
                     part[:] = payload
                 acc = np.add(values((b + j) % world, a, e), part)
-            if mode != "raw":
-                wire.own(acc)
+            payload = wire.own(acc) if mode != "raw" else acc
+            if count is not None:
+                count(payload, e - a, world - 1)
             out[a:e] = acc
         if progress is not None:
             progress(b + 1, world)

@@ -90,11 +90,26 @@ def same_bits(arrays) -> bool:
 
 # --- what the collectives must compute ---------------------------------------------------------
 
+def nearest(v, codec=CODEC):
+    """The value the codec represents nearest to each of ``v`` (|v| < 1; ties toward zero), from
+    its tiers (docs/spec.md section 1): 0; multiples of 2^-7 from 2^max(k, -7); multiples of
+    2^-15 from the 16-bit tier's start."""
+    k = codec.error_bound
+    t16 = 2.0 ** (k + (-k + 1) // 2)
+    a = np.abs(v.astype(np.float64))
+    lo = np.where(a >= t16, np.floor(a * 2**15) / 2**15,
+                  np.where(a >= 2.0 ** max(k, -7), np.floor(a * 2**7) / 2**7, 0.0))
+    hi = np.where(lo == 0, 2.0 ** max(k, -7), lo + np.where(lo < t16, 2.0**-7, 2.0**-15))
+    r = np.where((hi < 1) & (hi - a < a - lo), hi, lo)
+    r = np.where(a < 1, r, a)
+    return (np.sign(v) * r).astype(np.float32) + np.float32(0)
+
+
 def hop(acc, mode, scaling, codec=CODEC):
     """What the receiver of a partial sum ``acc`` (one pipeline chunk) gets: per block of
-    BLOCK_VALUES, the sender's exponent from the block's max (frexp), the scaled values through
-    the codec's reconstruction, times 2^-s at the receiver (wire format v2); without scaling the
-    codec's reconstruction ('nic') or decode(encode()) ('app') of the values themselves."""
+    BLOCK_VALUES, the sender's exponent from the block's max (frexp), the scaled values rounded
+    to the nearest value the codec represents, times 2^-s at the receiver (wire format v2);
+    without scaling the codec's reconstruction ('nic') or decode(encode()) ('app') of the values."""
     if mode == "raw":
         return acc.copy()
     if not scaling:
@@ -104,7 +119,8 @@ def hop(acc, mode, scaling, codec=CODEC):
         blk = acc[i:i + BLOCK_VALUES]
         m = float(np.abs(blk).max())
         s = 0 if m == 0 or not np.isfinite(m) else min(max(-math.frexp(m)[1], -126), 126)
-        q = codec.reconstruct((blk * np.float32(2.0**s)).astype(np.float32))
+        q = nearest((blk * np.float32(2.0**s)).astype(np.float32), codec)
+        assert np.array_equal(codec.reconstruct(q).view(np.uint32), q.view(np.uint32))   # a fixed point
         out[i:i + BLOCK_VALUES] = q * np.float32(2.0**-s)
     return out
 
