@@ -2,7 +2,7 @@
 that carries barriers, small reductions, broadcasts and the plan of every collective call.
 
 One round: every rank sends (op, meta, values) to rank 0, which checks that all ranks called
-the same op with the same meta (the plan: length, mode, codec, chunk and bucket sizes ...),
+the same op with the same meta (the plan: length, mode, codec, chunk size, wire format ...),
 reduces the values in rank order (max, or what meta[0] says for OP_REDUCE) and sends the result
 back, so it is identical everywhere. A mismatch is reported to every rank as one RuntimeError.
 """

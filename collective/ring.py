@@ -11,24 +11,27 @@ phase 1 (receive, add into the local block, pass on): after step N-2 this rank o
 reduced block ``(rank + 1) mod N``. Steps N-1..2N-3 are phase 2: the reduced blocks travel once
 around the ring and are copied, not added.
 
-Three modes, one schedule:
+Three modes, one schedule; what a chunk becomes on the wire is ``Wire``'s (below, and
+docs/collectives.md "Wire format v2"):
 
 - ``raw``: float32 on an untagged socket; the sum is exact (up to float32 addition order).
 - ``nic``: float32 on a *tagged* socket, so the soft NICs compress both phases. A tagged packet
   arrives as the codec's reconstruction, or exactly when the NIC sent it raw (not smaller, flow
-  not negotiated, a float split across segments, no daemon at all). So the sender puts
-  ``Q = codec.reconstruct(P)`` on the wire instead of its partial sum P (phase 1), and the owner
-  replaces its reduced block R by ``codec.reconstruct(R)`` before keeping and sending it (phase 2).
-  Q is a fixed point of the reconstruction, so it arrives as Q either way: every rank ends
-  bit-identical, error feedback knows exactly what each receiver got, and the result does not
-  depend on whether (or how much of) the traffic the NICs compressed, only the time does.
-- ``app``: the codec runs here, on an untagged socket carrying length-prefixed codec output.
-  Phase 1 decodes, adds and re-encodes per hop; in phase 2 the owner encodes R once, keeps
-  ``decode(blob)`` and every rank forwards that same blob unchanged, so all decode the same bytes.
+  not negotiated, a float split across segments, no daemon at all). So the sender puts only
+  fixed points of the reconstruction on the wire: with scaling (the inceptionn default) each
+  block's exponent float and its values scaled and rounded to what the codec represents, else
+  ``codec.reconstruct(P)`` of its partial sum P. They arrive the same either way: every rank
+  ends bit-identical, error feedback knows exactly what each receiver got, and the result does
+  not depend on whether (or how much of) the traffic the NICs compressed, only the time does.
+- ``app``: the codec runs here, on an untagged socket carrying length-prefixed codec output (of
+  those same floats when scaled). Phase 1 decodes, adds and re-encodes per hop.
+
+In phase 2 the owner turns its reduced block into a payload once and keeps what it decodes to;
+every rank forwards the payload it received unchanged, so all decode the same bytes.
 
 Error feedback: ``sink.record(a, b, sent, decoded)`` is called for every chunk this rank puts on
-the wire in phase 1 (``decoded`` = what the receiver gets: the codec's reconstruction) and for
-its owned block in phase 2 (R and Q). Over one call that covers every position of the vector
+the wire in phase 1 (``decoded`` = what the receiver gets, ``Wire.send``'s second value) and for
+its owned block in phase 2 (R and what the payload decodes to). Over one call that covers every position of the vector
 exactly once, so the caller gets a full residual ``sent - decoded``.
 """
 from __future__ import annotations
