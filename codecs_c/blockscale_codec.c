@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "codec_util.h"
 #include "inceptionn_codec.h"
 
 size_t bs_wire_values(size_t n, size_t block)
@@ -15,17 +16,11 @@ size_t bs_wire_values(size_t n, size_t block)
 
 int bs_shift(const float *x, size_t m)
 {
-    float mx = 0.0f;
-    for (size_t i = 0; i < m; i++) {
-        float v = fabsf(x[i]);
-        if (!(v <= 3.40282347e38f))   /* inf or NaN: the block goes unscaled */
-            return 0;
-        mx = v > mx ? v : mx;
-    }
-    if (mx == 0.0f)
+    uint32_t top = max_abs_kernel(x, m);   /* as bits: inf and NaN sort above every finite value */
+    if (top == 0 || top >= 0x7F800000u)    /* all zero, or inf/NaN: the block goes unscaled */
         return 0;
     int e;
-    frexpf(mx, &e);                    /* mx = f * 2^e, f in [0.5, 1): exact, same on every CPU */
+    frexpf(u2f(top), &e);                  /* max = f * 2^e, f in [0.5, 1): exact, same on every CPU */
     int s = -e;
     return s < BS_MIN_SHIFT ? BS_MIN_SHIFT : s > BS_MAX_SHIFT ? BS_MAX_SHIFT : s;
 }
@@ -55,14 +50,16 @@ static void round_nearest(const float *x, float up, float *q, size_t m, int k)
         for (size_t i = 0; i < c; i++)
             v[i] = x[b + i] * up;                         /* exact unless it leaves the normal range */
         inc_reconstruct(v, c, k, q + b);
+        /* masks, not branches (which way a value rounds is a coin toss the branch predictor
+         * loses): the compiler vectorizes this */
         for (size_t i = 0; i < c; i++) {
-            float a = fabsf(v[i]);
-            if (!(a < 1.0f))
-                continue;
-            float lo = fabsf(q[b + i]);
-            float hi = lo == 0.0f ? first : lo + (lo < t16 ? q8 : q16);
-            if (hi < 1.0f && hi - a < a - lo)
-                q[b + i] = copysignf(hi, v[i]);
+            float a = fabsf(v[i]), lo = fabsf(q[b + i]);
+            uint32_t tier8 = -(uint32_t)(lo < t16), zero = -(uint32_t)(lo == 0.0f);
+            float step = u2f((f2u(q8) & tier8) | (f2u(q16) & ~tier8));
+            float hi = u2f((f2u(first) & zero) | (f2u(lo + step) & ~zero));
+            uint32_t up = -(uint32_t)((a < 1.0f) & (hi < 1.0f) & (hi - a < a - lo));
+            uint32_t signed_hi = f2u(hi) | (f2u(v[i]) & 0x80000000u);
+            q[b + i] = u2f((signed_hi & up) | (f2u(q[b + i]) & ~up));
         }
     }
 }
