@@ -19,8 +19,9 @@ class Codec(ABC):
     - ``per_value``: every value is encoded on its own (``reconstruct`` is value by value), so
       a vector may be cut anywhere: into pipeline chunks, or into packets by the soft NIC, which
       runs such a codec. Others see a whole tensor (a ring block, a gradient) per encode.
-    - ``wants_scaling``: the codec keeps absolute precision, so gradients should first be scaled
-      into its range (the collective's per-bucket power of two).
+    - ``wants_scaling``: the codec keeps absolute precision (INCEPTIONN's, with an integer
+      ``error_bound``), so the collective sends its values scaled by a power of two per block of
+      256, chosen at every hop (wire format v2, blockscale.py).
     - ``wants_error_feedback``: what the codec drops should be carried into the next round
       (``ErrorFeedback``); the collective turns it on by default.
     - ``needs_agreement``: every worker must encode with shared parameters (``local_stat`` /

@@ -2,7 +2,7 @@
 that carries barriers, small reductions, broadcasts and the plan of every collective call.
 
 One round: every rank sends (op, meta, values) to rank 0, which checks that all ranks called
-the same op with the same meta (the plan: length, mode, codec, chunk and bucket sizes ...),
+the same op with the same meta (the plan: length, mode, codec, chunk size, wire format ...),
 reduces the values in rank order (max, or what meta[0] says for OP_REDUCE) and sends the result
 back, so it is identical everywhere. A mismatch is reported to every rank as one RuntimeError.
 """
@@ -18,18 +18,27 @@ from .transport import Conn
 _CTRL = struct.Struct("<4sIIII")       # magic, seq, op, meta count, value count
 _REPLY = struct.Struct("<4sIIII")      # magic, seq, status, value count, message bytes
 _MAGIC, _RMAGIC = b"INCC", b"INCR"
-OP_BARRIER, OP_REDUCE, OP_ALLREDUCE, OP_AGREE, OP_VERIFY, OP_WA, OP_WA_SCALE, OP_BCAST = range(1, 9)
+OP_BARRIER, OP_REDUCE, OP_ALLREDUCE, OP_AGREE, OP_VERIFY, OP_WA = range(1, 7)
+OP_BCAST = 8      # 7 was wire format v1's scaling round of wa_step
 _OP_NAMES = {OP_BARRIER: "barrier", OP_REDUCE: "control_allreduce", OP_ALLREDUCE: "allreduce",
-             OP_AGREE: "codec agreement", OP_VERIFY: "verify", OP_WA: "wa_step", OP_WA_SCALE: "wa_step scaling",
-             OP_BCAST: "broadcast"}
+             OP_AGREE: "codec agreement", OP_VERIFY: "verify", OP_WA: "wa_step", OP_BCAST: "broadcast"}
 _META_NAMES = {
     OP_REDUCE: ("op", "count"),
-    OP_ALLREDUCE: ("n", "compress", "codec", "chunk_values", "bucket_values", "scaling"),
-    OP_WA: ("aggregator", "compress", "codec", "chunk_values", "bucket_values", "scaling"),
+    OP_ALLREDUCE: ("n", "compress", "codec", "chunk_values", "wire"),
+    OP_WA: ("aggregator", "compress", "codec", "chunk_values", "wire"),
     OP_BCAST: ("root", "count"),
 }
 MODE_CODE = {"raw": 0, "nic": 1, "app": 2}
 REDUCE_OPS = {"max": 0, "min": 1, "sum": 2}
+# Wire formats of the gradient sockets (docs/collectives.md): 1 the values (raw) or the codec's
+# output of them; 2 per-block scaled (ring.Wire, codecs_c/blockscale_codec.h). The plan carries
+# version * 2^20 + block, so ranks that disagree on either fail at the first call.
+WIRE_V1, WIRE_V2 = 1, 2
+
+
+def wire_format(scaled: bool) -> int:
+    from ..codecs.blockscale import BLOCK_VALUES
+    return (WIRE_V2 << 20) + BLOCK_VALUES if scaled else WIRE_V1 << 20
 
 
 def codec_id(codec) -> int:

@@ -42,8 +42,8 @@ from . import scaling as sc
 from .rendezvous import (MPIExchange, TorchExchange, default_bind_addr, entry, group_key, make_exchange,
                          resolve_secret)
 from ..shim.tagging import GRADIENT_TOS
-from .control import (MODE_CODE, OP_ALLREDUCE, OP_BARRIER, OP_REDUCE, OP_VERIFY, OP_WA, OP_WA_SCALE,
-                      REDUCE_OPS, ControlPlane, codec_id)
+from .control import (MODE_CODE, OP_ALLREDUCE, OP_BARRIER, OP_REDUCE, OP_VERIFY, OP_WA, REDUCE_OPS,
+                      ControlPlane, codec_id, wire_format)
 from .ring import ring_allreduce
 from .pipeline import Pipeline
 from .stats import CallStats, GroupStats
@@ -241,9 +241,13 @@ class Group:
 
     @staticmethod
     def _switches(mode: str, codec, scaling, error_feedback) -> tuple[bool, bool]:
-        """Scaling and error feedback: as asked, else what the codec's traits want."""
+        """Scaling (wire format v2, ring.Wire) and error feedback: as asked, else what the codec's
+        traits want."""
         lossy = codec is not None and mode != "raw"
-        s = lossy and codec.wants_scaling if scaling is None else bool(scaling)
+        s = lossy and codec.wants_scaling if scaling is None else bool(scaling) and lossy
+        if s and not codec.wants_scaling:
+            raise ValueError(f"scaling=True: the per-block scaling serves codecs of absolute precision (the "
+                             f"wants_scaling trait, e.g. inceptionn), not {codec.name!r}")
         e = lossy and codec.wants_error_feedback if error_feedback is None else bool(error_feedback)
         if e and mode == "raw":
             raise ValueError("error_feedback needs a lossy path: compress='nic' or 'app'")
@@ -323,7 +327,7 @@ class Group:
     def _pipeline(self, op: str, n: int, mode: str, cod, efkey) -> Pipeline:
         self._calls += 1
         return Pipeline(op, n, mode, cod, plane=self._plane, memory=self.error_feedback,
-                        bucket_values=self.bucket_values, efkey=efkey, round_no=self._calls, stats=self.stats,
+                        efkey=efkey, round_no=self._calls, stats=self.stats,
                         counters=self.counters)
 
     def _allreduce(self, x, work, mode, cod, scale_on, efkey, average, do_verify) -> np.ndarray:
@@ -334,10 +338,8 @@ class Group:
                     work[:] = x
                 return work
             p.compensate(x, work)
-            maxima = sc.bucket_maxima(work, self.bucket_values) if scale_on else None
-            meta = [n, MODE_CODE[mode], codec_id(cod), self.chunk_values, self.bucket_values, int(scale_on)]
-            agreed = p.control(OP_ALLREDUCE, meta, maxima)
-            exps = p.scale(work, agreed, self.world) if scale_on and n else None
+            meta = [n, MODE_CODE[mode], codec_id(cod), self.chunk_values, wire_format(scale_on)]
+            p.control(OP_ALLREDUCE, meta)
             p.agree_codec(work)
             sink = p.sink(n)
             if n:
@@ -347,9 +349,8 @@ class Group:
                 with p.call.timing("exchange_seconds"):
                     ring_allreduce(work, rank=self.rank, world=self.world, send=send, recv=recv,
                                    chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
-                                   timers=p.timers)
-            p.unscale(work, exps)
-            p.remember(sink, exps, agreed if scale_on else None)
+                                   timers=p.timers, scaled=scale_on)
+            p.remember(sink)
             if average:
                 np.divide(work, np.float32(self.world), out=work)
             if do_verify:
@@ -388,7 +389,7 @@ class Group:
     def _wa_step(self, x, update_fn, aggregator, mode, cod, scale_on, efkey) -> np.ndarray:
         is_agg = self.rank == aggregator
         with self._pipeline("wa_step", x.size if x is not None else 0, mode, cod, efkey) as p:
-            meta = [aggregator, MODE_CODE[mode], codec_id(cod), self.chunk_values, self.bucket_values, int(scale_on)]
+            meta = [aggregator, MODE_CODE[mode], codec_id(cod), self.chunk_values, wire_format(scale_on)]
             nn = [x.size, -x.size] if x is not None else [-1.0, -np.inf]
             v = p.control(OP_WA, meta, nn)
             n = int(v[0])
@@ -401,12 +402,6 @@ class Group:
             if x is not None:
                 work = np.empty(n, dtype=np.float32)
                 p.compensate(x, work)
-            exps = agreed = None
-            if scale_on and n:
-                maxima = sc.bucket_maxima(work, self.bucket_values) if work is not None else \
-                    np.zeros(-(-n // self.bucket_values))
-                agreed = p.control(OP_WA_SCALE, [], maxima)
-                exps = p.scale(work, agreed, 1)   # sums are formed after decoding: headroom 1
             p.agree_codec(work)
             kind = Kind.WA_TAGGED if mode == "nic" else Kind.WA_PLAIN
             chunk = self._chunk(mode, cod, n)
@@ -414,14 +409,15 @@ class Group:
                 conn = self._outgoing(kind, aggregator)
                 sink = p.sink(n)
                 with p.call.timing("exchange_seconds"):
-                    worker_send(work, conn, chunk_values=chunk, mode=mode, codec=cod, sink=sink, timers=p.timers)
+                    worker_send(work, conn, chunk_values=chunk, mode=mode, codec=cod, sink=sink, timers=p.timers,
+                                scaled=scale_on)
                     weights = worker_receive_weights(conn)
-                p.remember(sink, exps, agreed)
+                p.remember(sink)
                 return weights
             conns = {r: self._incoming(kind, r) for r in range(self.world) if r != aggregator}
             with p.call.timing("exchange_seconds"):
-                total = aggregate(work, conns, n, chunk_values=chunk, mode=mode, codec=cod, timers=p.timers)
-            p.unscale(total, exps)
+                total = aggregate(work, conns, n, chunk_values=chunk, mode=mode, codec=cod, timers=p.timers,
+                                  scaled=scale_on)
             weights = self._update(update_fn, total, conns)
             with p.call.timing("exchange_seconds"):
                 broadcast_weights(weights, conns)

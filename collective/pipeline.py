@@ -3,12 +3,11 @@ order a call takes them:
 
 1. compensate: the gradient plus what this rank's receivers did not get last time (error
    feedback, keyed per tensor);
-2. the plan round on the control plane (every rank called the same thing), which also agrees
-   the per-bucket maxima for scaling;
-3. scale: an exact power of two per bucket (scaling.py);
-4. codec agreement, for codecs that need shared parameters (``needs_agreement``);
-5. the engine, which records ``sent - decoded`` into the error-feedback sink;
-6. unscale, and remember the residual for next time.
+2. the plan round on the control plane (every rank called the same thing);
+3. codec agreement, for codecs that need shared parameters (``needs_agreement``);
+4. the engine, which scales per block and per hop where the codec asks for it (ring.Wire) and
+   records ``sent - decoded`` into the error-feedback sink;
+5. remember the residual for next time.
 
 A ``Pipeline`` is one call: it owns the call's ``CallStats`` and ``Timers`` and records them in
 the group's stats however the call ends (``with Pipeline(...) as p``).
@@ -18,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..codecs.memory import ErrorFeedback, Sink
-from . import scaling as sc
 from .control import OP_AGREE, ControlPlane
 from .stats import CallStats, GroupStats, Timers
 from .transport import PLANES, PlaneCounters
@@ -29,9 +27,9 @@ class Pipeline:
     tensor for error feedback (None: off)."""
 
     def __init__(self, op: str, n: int, mode: str, codec, *, plane: ControlPlane, memory: ErrorFeedback,
-                 bucket_values: int, efkey, round_no: int, stats: GroupStats, counters: PlaneCounters):
+                 efkey, round_no: int, stats: GroupStats, counters: PlaneCounters):
         self.mode, self.codec, self.efkey = mode, codec, efkey
-        self.plane, self.memory, self.bucket_values = plane, memory, bucket_values
+        self.plane, self.memory = plane, memory
         self.round_no = round_no
         self.call = CallStats(op=op, calls=1, n=n, compress=None if mode == "raw" else mode)
         self.timers = Timers()
@@ -66,19 +64,6 @@ class Pipeline:
             elif work is not x:
                 work[:] = x
 
-    def scale(self, work: np.ndarray | None, agreed: np.ndarray, headroom: int) -> np.ndarray:
-        """Multiply ``work`` by the agreed power of two per bucket; returns the exponents."""
-        with self.call.timing("scale_seconds"):
-            exps = sc.exponents(agreed, headroom)
-            if work is not None:
-                sc.apply(work, exps, self.bucket_values)
-        return exps
-
-    def unscale(self, work: np.ndarray, exps: np.ndarray | None) -> None:
-        if exps is not None:
-            with self.call.timing("scale_seconds"):
-                sc.apply(work, exps, self.bucket_values, inverse=True)
-
     def agree_codec(self, work: np.ndarray | None) -> None:
         """A codec that needs shared parameters gets the max over ranks of its local statistic."""
         if self.mode == "app" and self.codec.needs_agreement:
@@ -90,16 +75,11 @@ class Pipeline:
         """Where the engine records ``sent - decoded`` (None without error feedback)."""
         return self.memory.sink(self.efkey, n) if self.efkey is not None else None
 
-    def remember(self, sink: Sink | None, exps, agreed) -> None:
-        """Keep ``sent - decoded`` for next time, unscaled (exact: a power of two per bucket).
-        The engines already subtracted chunk by chunk."""
+    def remember(self, sink: Sink | None) -> None:
+        """Keep ``sent - decoded`` for next time (the engines already subtracted chunk by chunk)."""
         if sink is None:
             return
         with self.call.timing("scale_seconds"):
-            if exps is not None:
-                sc.apply(sink.lost, exps, self.bucket_values, inverse=True)
-            # inf - inf = NaN where a gradient held inf/NaN: never carry that into the next call.
-            # The agreed bucket maxima (max over ranks) tell whether any rank had one.
-            if agreed is None or not np.isfinite(agreed).all():
-                np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+            # inf - inf = NaN where a gradient held inf/NaN: never carry that into the next call
+            np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
             self.memory.store(self.efkey, sink.lost)

@@ -17,9 +17,11 @@
  * the ranks compare a hash of the result and abort the job if it differs (check_result).
  * The ring is collective/ring.py's schedule, driven by one poll() loop: step s sends block
  * (rank - s) mod N and receives block (rank - s - 1) mod N, chunk by chunk, a received chunk
- * forwarded as soon as it is added. nic mode sends inc_reconstruct() of each partial sum and of
- * the owned block (fixed points: they arrive the same compressed or not); app mode sends framed
- * codec output and forwards the owner's blob unchanged in phase 2. Every rank ends bit-identical,
+ * forwarded as soon as it is added. Chunks go in wire format v2 (docs/collectives.md): per block
+ * of values, an exponent chosen at this hop from the values sent, and the values scaled and
+ * reconstructed (codecs_c/blockscale_codec.c, fixed points of the codec: they arrive the same
+ * compressed or not); nic mode sends those floats, app mode the codec's framed stream of them.
+ * Phase 2 forwards the owner's payload unchanged. Every rank ends bit-identical,
  * and equal bit for bit to collective.Group.allreduce(compress="nic"/"app") on the same inputs.
  * Optional error feedback keeps per (communicator, count) what this rank's receivers lost and adds
  * it to the next such call (struct residual).
@@ -46,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blockscale_codec.h"
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "log_line.h"
@@ -597,11 +600,36 @@ static void peer_fail(struct ring *r, const char *what)
     ring_fail(r, what);
 }
 
-static size_t frame_cap(size_t values) { return 4 + inc_max_encoded_size(values); }
+/* Wire format v2 (docs/collectives.md): per block of BS_BLOCK_VALUES values, one exponent float
+ * and the scaled values through inc_reconstruct (codecs_c/blockscale_codec.h, the same C the
+ * Python ring calls). nic mode sends these floats; app mode sends the codec's stream of them. */
+static size_t wire_len(size_t m) { return bs_wire_values(m, BS_BLOCK_VALUES); }
+static size_t frame_cap(size_t m) { return 4 + inc_max_encoded_size(wire_len(m)); }
 
-static void encode_frame(struct ring *r, const float *x, size_t n, uint8_t *buf, size_t *len)
+/* x[0..m) -> its wire floats w; dec (NULL, or x itself) gets what every receiver decodes. */
+static void to_wire(struct ring *r, const float *x, size_t m, float *w, float *dec)
 {
-    ptrdiff_t m = inc_encode(x, n, cfg.k, buf + 4, inc_max_encoded_size(n), INC_IMPL_AUTO);
+    ptrdiff_t got = bs_encode(x, m, BS_BLOCK_VALUES, cfg.k, w, wire_len(m), dec);
+    if (got < 0)
+        ring_fail(r, bs_strerror((int)got));
+}
+
+static void from_wire(struct ring *r, const float *w, size_t m, float *out)
+{
+    size_t at = 0;
+    int st = bs_decode(w, wire_len(m), out, m, BS_BLOCK_VALUES, &at);
+    if (st != BS_OK) {
+        char e[160];
+        snprintf(e, sizeof e, "a chunk from the left neighbour does not belong to this call: %s (wire float %zu)",
+                 bs_strerror(st), at);
+        ring_fail(r, e);
+    }
+}
+
+/* app mode: the codec stream of wn wire floats, behind its 4-byte little-endian length */
+static void encode_frame(struct ring *r, const float *w, size_t wn, uint8_t *buf, size_t *len)
+{
+    ptrdiff_t m = inc_encode(w, wn, cfg.k, buf + 4, inc_max_encoded_size(wn), INC_IMPL_AUTO);
     if (m < 0)
         ring_fail(r, inc_strerror((int)m));
     uint32_t l = (uint32_t)m;
@@ -609,9 +637,9 @@ static void encode_frame(struct ring *r, const float *x, size_t n, uint8_t *buf,
     *len = 4 + (size_t)m;
 }
 
-static void decode_frame(struct ring *r, const uint8_t *buf, size_t len, float *out, size_t n)
+static void decode_frame(struct ring *r, const uint8_t *buf, size_t len, float *w, size_t wn)
 {
-    int st = inc_decode(buf + 4, len - 4, out, n, NULL, INC_IMPL_AUTO);
+    int st = inc_decode(buf + 4, len - 4, w, wn, NULL, INC_IMPL_AUTO);
     if (st != INC_OK) {
         char m[128];
         snprintf(m, sizeof m, "bad codec stream from the left neighbour: %s", inc_strerror(st));
@@ -626,9 +654,19 @@ static void record_lost(float *lost, const float *sent, const float *q, size_t m
         lost[i] = sent[i] - q[i];
 }
 
-/* Sum x[0..n) over the ring in place (x already scaled). With lost (error feedback), every value
- * this rank puts on the wire in phase 1 and its owned block record sent - received there: one
- * record per position, so lost ends as this rank's whole residual (collective/ring.py's sink). */
+/* A payload kept to forward in phase 2 (the owner's, or one received): the same bytes go on. */
+static void keep_payload(struct ring *r, struct frame *f, const void *src, size_t len)
+{
+    f->buf = malloc(len ? len : 1);
+    if (!f->buf)
+        ring_fail(r, "out of memory");
+    memcpy(f->buf, src, len);
+    f->len = len;
+}
+
+/* Sum x[0..n) over the ring in place. With lost (error feedback), every value this rank puts on
+ * the wire in phase 1 and its owned block record sent - received there: one record per position,
+ * so lost ends as this rank's whole residual (collective/ring.py's sink). */
 static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 {
     const int N = r->size, rank = r->rank;
@@ -644,11 +682,13 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
     while (first < ns && sends[first].step == 0)
         first++;
     const int app = cfg.mode == MODE_APP;
+    const size_t wmax = wire_len(chunk), pmax = app ? frame_cap(chunk) : wmax * sizeof(float);
     float *tmp = malloc(chunk * sizeof(float));
-    uint8_t *sbuf = malloc(app ? frame_cap(chunk) : chunk * sizeof(float));   /* phase 1's outgoing chunk */
-    uint8_t *rbuf = app ? malloc(frame_cap(chunk)) : NULL;
-    struct frame *keep = app ? calloc(nr ? nr : 1, sizeof *keep) : NULL;      /* frames to forward */
-    if (!tmp || !sbuf || (app && (!rbuf || !keep)))
+    float *wbuf = malloc(wmax * sizeof(float));                 /* wire floats being built or decoded */
+    uint8_t *sbuf = malloc(pmax);                               /* phase 1's outgoing payload */
+    uint8_t *rbuf = malloc(pmax);                               /* the incoming payload */
+    struct frame *keep = calloc(nr ? nr : 1, sizeof *keep);     /* payloads to forward */
+    if (!tmp || !wbuf || !sbuf || !rbuf || !keep)
         ring_fail(r, "out of memory");
 
     size_t si = 0, ri = 0;           /* current items */
@@ -661,25 +701,19 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
             struct item it = sends[si];
             size_t m = it.b - it.a;
             if (it.step <= N - 2) {
-                if (app) {
-                    encode_frame(r, x + it.a, m, sbuf, &sleft);
-                    if (lost) {   /* inc_reconstruct is decode(encode()) without the stream */
-                        inc_reconstruct(x + it.a, m, cfg.k, lost + it.a);
-                        record_lost(lost + it.a, x + it.a, lost + it.a, m);
-                    }
-                } else {
-                    inc_reconstruct(x + it.a, m, cfg.k, (float *)sbuf);
-                    sleft = m * sizeof(float);
-                    if (lost)
-                        record_lost(lost + it.a, x + it.a, (const float *)sbuf, m);
-                }
+                /* the decode of what goes out lands in lost, then becomes sent - decoded */
+                float *w = app ? wbuf : (float *)sbuf;
+                to_wire(r, x + it.a, m, w, lost ? lost + it.a : NULL);
+                if (lost)
+                    record_lost(lost + it.a, x + it.a, lost + it.a, m);
+                if (app)
+                    encode_frame(r, wbuf, wire_len(m), sbuf, &sleft);
+                else
+                    sleft = wire_len(m) * sizeof(float);
                 sp = sbuf;
-            } else if (app) {
+            } else {
                 sp = keep[si - first].buf;
                 sleft = keep[si - first].len;
-            } else {
-                sp = (const uint8_t *)(x + it.a);
-                sleft = m * sizeof(float);
             }
             sready = 1;
         }
@@ -709,7 +743,7 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
                 sp += w;
                 sleft -= (size_t)w;
                 if (!sleft) {
-                    if (app && sends[si].step > N - 2) {
+                    if (sends[si].step > N - 2) {
                         free(keep[si - first].buf);
                         keep[si - first].buf = NULL;
                     }
@@ -721,16 +755,13 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
         if (ri < nr && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
             struct item it = recvs[ri];
             size_t m = it.b - it.a;
-            uint8_t *dst;
             if (app) {
                 if (roff < 4)
                     rneed = 4;
-                dst = rbuf;
             } else {
-                rneed = m * sizeof(float);
-                dst = it.step <= N - 2 ? (uint8_t *)tmp : (uint8_t *)(x + it.a);
+                rneed = wire_len(m) * sizeof(float);
             }
-            ssize_t got = recv(r->recv_fd, dst + roff, rneed - roff, MSG_DONTWAIT);
+            ssize_t got = recv(r->recv_fd, rbuf + roff, rneed - roff, MSG_DONTWAIT);
             if (got == 0)
                 peer_fail(r, "the left neighbour closed its connection");
             if (got < 0 && errno != EAGAIN && errno != EINTR) {
@@ -742,108 +773,58 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
                 roff += (size_t)got;
             if (app && roff == 4 && rneed == 4) {
                 uint32_t l = rbuf[0] | rbuf[1] << 8 | rbuf[2] << 16 | (uint32_t)rbuf[3] << 24;
-                if (l > inc_max_encoded_size(m))
+                if (l > inc_max_encoded_size(wire_len(m)))
                     ring_fail(r, "a codec frame from the left neighbour is longer than its chunk can encode to");
                 rneed = 4 + l;
                 if (l)
                     continue;
             }
             if (roff == rneed && rneed > 0) {
-                /* item complete */
+                /* item complete: its wire floats, then the values */
                 float *xa = x + it.a;
+                const float *w = (const float *)rbuf;
+                if (app) {
+                    decode_frame(r, rbuf, rneed, wbuf, wire_len(m));
+                    w = wbuf;
+                }
                 if (it.step <= N - 2) {
-                    if (app)
-                        decode_frame(r, rbuf, rneed, tmp, m);
+                    from_wire(r, w, m, tmp);
                     for (size_t i = 0; i < m; i++)
                         xa[i] += tmp[i];
                     if (it.step == N - 2) {                   /* this rank owns the block now */
                         if (lost)
                             memcpy(lost + it.a, xa, m * sizeof(float));
+                        to_wire(r, xa, m, wbuf, xa);          /* xa: what every other rank decodes */
                         if (app) {
-                            struct frame *f = &keep[ri];
-                            f->buf = malloc(frame_cap(m));
-                            if (!f->buf)
+                            keep[ri].buf = malloc(frame_cap(m));
+                            if (!keep[ri].buf)
                                 ring_fail(r, "out of memory");
-                            encode_frame(r, xa, m, f->buf, &f->len);
-                            decode_frame(r, f->buf, f->len, xa, m);   /* what every other rank decodes */
+                            encode_frame(r, wbuf, wire_len(m), keep[ri].buf, &keep[ri].len);
                         } else {
-                            inc_reconstruct(xa, m, cfg.k, xa);
+                            keep_payload(r, &keep[ri], wbuf, wire_len(m) * sizeof(float));
                         }
                         if (lost)
                             record_lost(lost + it.a, lost + it.a, xa, m);
                     }
-                } else if (app) {
-                    decode_frame(r, rbuf, rneed, xa, m);
-                    if (it.step < 2 * N - 3) {                 /* forward the same bytes */
-                        struct frame *f = &keep[ri];
-                        f->buf = malloc(rneed);
-                        if (!f->buf)
-                            ring_fail(r, "out of memory");
-                        memcpy(f->buf, rbuf, rneed);
-                        f->len = rneed;
-                    }
+                } else {
+                    from_wire(r, w, m, xa);
+                    if (it.step < 2 * N - 3)                  /* forward the same bytes */
+                        keep_payload(r, &keep[ri], rbuf, rneed);
                 }
                 ri++;
                 roff = rneed = 0;
             }
         }
     }
-    if (keep)
-        for (size_t i = 0; i < nr; i++)
-            free(keep[i].buf);
+    for (size_t i = 0; i < nr; i++)
+        free(keep[i].buf);
     free(keep);
     free(rbuf);
     free(sbuf);
+    free(wbuf);
     free(tmp);
     free(sends);
     free(recvs);
-}
-
-/* Per-bucket power-of-two scaling (collective/scaling.py), maxima agreed with one PMPI_Allreduce. */
-static void scale(struct ring *r, float *x, size_t n, int inverse, int *exps)
-{
-    const size_t B = INC_MPI_BUCKET_VALUES, nb = (n + B - 1) / B;
-    if (!inverse) {
-        float *mx = malloc(nb * sizeof *mx), *all = malloc(nb * sizeof *all);
-        if (!mx || !all)
-            ring_fail(r, "out of memory");
-        for (size_t b = 0; b < nb; b++) {
-            float m = 0;
-            size_t hi = (b + 1) * B < n ? (b + 1) * B : n;
-            for (size_t i = b * B; i < hi; i++) {
-                float v = fabsf(x[i]);
-                if (isnan(v))
-                    v = INFINITY;   /* scaling.py: a NaN bucket gets exponent 0, as an inf one does */
-                m = v > m ? v : m;
-            }
-            mx[b] = m;
-        }
-        if (PMPI_Allreduce(mx, all, (int)nb, MPI_FLOAT, MPI_MAX, r->comm) != MPI_SUCCESS)
-            ring_fail(r, "agreeing the scaling: PMPI_Allreduce failed");
-        for (size_t b = 0; b < nb; b++) {
-            double peak = (double)all[b] * (double)r->size;
-            int s = 0;
-            if (isfinite(peak) && peak > 0) {
-                /* the largest s with peak * 2^s < 1, read off the exponent (peak = m * 2^e, m in
-                 * [0.5, 1): s = -e), exactly as collective/scaling.py; not log2, which glibc picks
-                 * per CPU and every rank must agree */
-                int e;
-                frexp(peak, &e);
-                s = -e > INC_MPI_MAX_EXPONENT ? INC_MPI_MAX_EXPONENT : -e < -INC_MPI_MAX_EXPONENT ? -INC_MPI_MAX_EXPONENT : -e;
-            }
-            exps[b] = s;
-        }
-        free(mx);
-        free(all);
-    }
-    for (size_t b = 0; b < nb; b++) {
-        if (!exps[b])
-            continue;
-        float f = (float)ldexp(1.0, inverse ? -exps[b] : exps[b]);
-        size_t hi = (b + 1) * B < n ? (b + 1) * B : n;
-        for (size_t i = b * B; i < hi; i++)
-            x[i] *= f;
-    }
 }
 
 /* --- settings every rank shares: agreed once, in MPI_Init ------------------------------------- */
@@ -1091,23 +1072,15 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     size_t n = (size_t)count;
     if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf)
         memmove(x, sendbuf, n * sizeof(float));
-    int *exps = malloc(((n + INC_MPI_BUCKET_VALUES - 1) / INC_MPI_BUCKET_VALUES) * sizeof *exps);
-    if (!exps)
-        ring_fail(r, "out of memory");
     struct residual *ef = cfg.feedback ? residual_for(r, n) : NULL;
     if (ef)
         for (size_t i = 0; i < n; i++)
             x[i] += ef->lost[i];
-    scale(r, x, n, 0, exps);
     ring_allreduce(r, x, n, ef ? ef->lost : NULL);
-    scale(r, x, n, 1, exps);
-    if (ef) {
-        scale(r, ef->lost, n, 1, exps);     /* exact: powers of two */
+    if (ef)
         for (size_t i = 0; i < n; i++)      /* inf - inf where a rank had inf or NaN: never carried on */
             if (!isfinite(ef->lost[i]))
                 ef->lost[i] = 0;
-    }
-    free(exps);
     double tc = now(), dh = 0;
     check_result(r, x, n, &dh);
     double dc = now() - tc, dt = now() - t0;

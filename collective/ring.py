@@ -11,24 +11,27 @@ phase 1 (receive, add into the local block, pass on): after step N-2 this rank o
 reduced block ``(rank + 1) mod N``. Steps N-1..2N-3 are phase 2: the reduced blocks travel once
 around the ring and are copied, not added.
 
-Three modes, one schedule:
+Three modes, one schedule; what a chunk becomes on the wire is ``Wire``'s (below, and
+docs/collectives.md "Wire format v2"):
 
 - ``raw``: float32 on an untagged socket; the sum is exact (up to float32 addition order).
 - ``nic``: float32 on a *tagged* socket, so the soft NICs compress both phases. A tagged packet
   arrives as the codec's reconstruction, or exactly when the NIC sent it raw (not smaller, flow
-  not negotiated, a float split across segments, no daemon at all). So the sender puts
-  ``Q = codec.reconstruct(P)`` on the wire instead of its partial sum P (phase 1), and the owner
-  replaces its reduced block R by ``codec.reconstruct(R)`` before keeping and sending it (phase 2).
-  Q is a fixed point of the reconstruction, so it arrives as Q either way: every rank ends
-  bit-identical, error feedback knows exactly what each receiver got, and the result does not
-  depend on whether (or how much of) the traffic the NICs compressed, only the time does.
-- ``app``: the codec runs here, on an untagged socket carrying length-prefixed codec output.
-  Phase 1 decodes, adds and re-encodes per hop; in phase 2 the owner encodes R once, keeps
-  ``decode(blob)`` and every rank forwards that same blob unchanged, so all decode the same bytes.
+  not negotiated, a float split across segments, no daemon at all). So the sender puts only
+  fixed points of the reconstruction on the wire: with scaling (the inceptionn default) each
+  block's exponent float and its values scaled and rounded to what the codec represents, else
+  ``codec.reconstruct(P)`` of its partial sum P. They arrive the same either way: every rank
+  ends bit-identical, error feedback knows exactly what each receiver got, and the result does
+  not depend on whether (or how much of) the traffic the NICs compressed, only the time does.
+- ``app``: the codec runs here, on an untagged socket carrying length-prefixed codec output (of
+  those same floats when scaled). Phase 1 decodes, adds and re-encodes per hop.
+
+In phase 2 the owner turns its reduced block into a payload once and keeps what it decodes to;
+every rank forwards the payload it received unchanged, so all decode the same bytes.
 
 Error feedback: ``sink.record(a, b, sent, decoded)`` is called for every chunk this rank puts on
-the wire in phase 1 (``decoded`` = what the receiver gets: the codec's reconstruction) and for
-its owned block in phase 2 (R and Q). Over one call that covers every position of the vector
+the wire in phase 1 (``decoded`` = what the receiver gets, ``Wire.send``'s second value) and for
+its owned block in phase 2 (R and what the payload decodes to). Over one call that covers every position of the vector
 exactly once, so the caller gets a full residual ``sent - decoded``.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ import time
 
 import numpy as np
 
+from ..codecs.blockscale import BLOCK_VALUES, BlockScale
 from .stats import Timers
 from .transport import Conn
 
@@ -82,21 +86,116 @@ class _Aborted(Exception):
     pass
 
 
+class Wire:
+    """The per-chunk transforms of one call, shared by the socket ring, WA and the simulator
+    (bench/scale.py), so that all three produce the same bits.
+
+    ``scaled`` (codecs whose traits ask for scaling): every chunk goes as wire format v2
+    (docs/collectives.md): per block of ``blockscale.BLOCK_VALUES`` values, one exponent float and
+    the block's values times 2^s through the codec's reconstruction (codecs_c/blockscale_codec.h);
+    in ``nic`` mode those floats go on the tagged socket, in ``app`` mode the codec's stream of them
+    goes in a frame. Otherwise (v1) a chunk goes as before: the reconstruction (``nic``), the
+    codec's stream (``app``) or the floats themselves (``raw``).
+
+    A payload is a float32 array (raw, nic) or bytes (app). ``send`` gives the payload of a
+    phase-1 chunk and what its receiver decodes; ``receive`` decodes one into ``out`` (raising
+    ValueError for one the sender cannot have produced); ``own`` turns the owner's reduced chunk
+    into what every rank keeps, in place, and returns the payload that travels in phase 2, which
+    every rank forwards unchanged.
+    """
+
+    def __init__(self, mode: str, codec=None, *, scaled: bool = False, need_decoded: bool = True,
+                 block: int = BLOCK_VALUES):
+        assert mode in MODES
+        self.mode, self.codec = mode, codec
+        self.scaled = bool(scaled) and mode != "raw"
+        self.need_decoded = need_decoded        # False: send() may skip what the receiver decodes
+        self.bs = None
+        if self.scaled:
+            k = getattr(codec, "error_bound", None)
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+                raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
+                                 "per-block scaling runs INCEPTIONN's reconstruction at that bound")
+            self.bs = BlockScale(int(k), block)   # block: other sizes only to measure them (bench scale)
+        # the wire is the values themselves: received straight into the destination
+        self.direct = mode == "raw" or (mode == "nic" and not self.scaled)
+
+    def wire_floats(self, m: int) -> int:
+        """float32 values on the wire for a chunk of ``m`` (raw and nic modes)."""
+        return self.bs.wire_values(m) if self.scaled else m
+
+    def send(self, chunk: np.ndarray):
+        """Phase 1: (payload, what the receiver decodes or None when not needed)."""
+        if self.mode == "raw":
+            return chunk, None
+        if self.scaled:
+            dec = np.empty_like(chunk) if self.need_decoded else None
+            wire = self.bs.encode(chunk, dec)
+            return (wire if self.mode == "nic" else self.codec.encode(wire)), dec
+        if self.mode == "nic":
+            q = self.codec.reconstruct(chunk)   # a fixed point: arrives as q, compressed or not
+            return q, q
+        if self.need_decoded:
+            return self.codec.encode_decoded(chunk)
+        return self.codec.encode(chunk), None
+
+    def receive(self, payload, out: np.ndarray) -> None:
+        if self.direct:
+            if payload is not out:
+                out[:] = payload
+        elif self.mode == "nic":
+            self.bs.decode_into(payload, out)
+        elif self.scaled:
+            wire = self.codec.decode(payload, self.bs.wire_values(out.size))
+            self.bs.decode_into(wire, out)
+        else:
+            self.codec.decode_into(payload, out)
+
+    def own(self, dst: np.ndarray):
+        """Phase 2 at the owner: ``dst`` becomes what every rank decodes; returns the payload."""
+        if self.mode == "raw":
+            return dst
+        if self.scaled:
+            wire = self.bs.encode(dst, dst)
+            return wire if self.mode == "nic" else self.codec.encode(wire)
+        if self.mode == "nic":
+            self.codec.reconstruct(dst, dst)
+            return dst
+        blob, q = self.codec.encode_decoded(dst)
+        dst[:] = q
+        return blob
+
+
+class WireError(RuntimeError):
+    """A received chunk that its sender cannot have produced for this call (wrong length, an
+    exponent out of range, a value the format cannot hold): the call stops, nothing is returned."""
+
+
+def receive(wire: Wire, payload, out: np.ndarray) -> None:
+    """``wire.receive`` for what came from a peer: a malformed payload raises WireError."""
+    try:
+        wire.receive(payload, out)
+    except ValueError as e:
+        raise WireError(f"a received chunk does not belong to this call: {e}") from None
+
+
 def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv: Conn, chunk_values: int,
                    mode: str, codec=None, sink=None, timers: Timers | None = None,
-                   frame_limit: int | None = None) -> None:
+                   frame_limit: int | None = None, scaled: bool = False) -> None:
     """Sum ``work`` (float32, 1-D, contiguous) over the ring in place."""
     assert mode in MODES and world >= 2
     timers = timers or Timers()
+    wire = Wire(mode, codec, scaled=scaled, need_decoded=sink is not None)
     n = work.size
     bounds = block_bounds(n, world)
     steps = 2 * world - 2
     sends = [(s, a, b) for s in range(steps) for a, b in chunk_list(*bounds[(rank - s) % world], chunk_values)]
     recvs = [(s, a, b) for s in range(steps) for a, b in chunk_list(*bounds[(rank - s - 1) % world], chunk_values)]
     first = len(chunk_list(*bounds[rank % world], chunk_values))   # chunks sent at step 0
-    blobs: dict[int, bytes] = {}                                     # app mode: recv item -> blob to forward
+    keep: dict[int, object] = {}                                     # recv item -> payload to forward
     lock = contextlib.nullcontext() if codec is None or codec.thread_safe else threading.Lock()
-    limit = frame_limit or (8 * 4 * min(chunk_values, max(n, 1)) + 65536)
+    cmax = min(chunk_values, max(n, 1))
+    limit = frame_limit or (8 * 4 * wire.wire_floats(cmax) + 65536)
     prog = _Progress()
 
     def timed(what, fn, *args):
@@ -106,6 +205,12 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
         timers.add(what, time.perf_counter() - t)
         return r
 
+    def put(payload) -> None:
+        if mode == "app":
+            send.send_frame(payload)
+        else:
+            send.send(payload)
+
     def sender():
         try:
             for j, (s, a, b) in enumerate(sends):
@@ -113,33 +218,32 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                     prog.wait_for(j - first + 1)
                 chunk = work[a:b]
                 if s <= world - 2:                       # phase 1: this rank's partial sum
-                    if mode == "raw":
-                        send.send(chunk)
-                    elif mode == "nic":
-                        q = timed("codec", codec.reconstruct, chunk)
-                        if sink is not None:
-                            sink.record(a, b, chunk, q)
-                        send.send(q)                     # a fixed point: arrives as q, compressed or not
-                    elif sink is not None:               # error feedback: the stream and its decode
-                        blob, q = timed("codec", codec.encode_decoded, chunk)
-                        sink.record(a, b, chunk, q)
-                        send.send_frame(blob)
-                    else:
-                        send.send_frame(timed("codec", codec.encode, chunk))
-                else:                                    # phase 2: reduced values, forwarded as they are
-                    if mode == "app":
-                        send.send_frame(blobs.pop(j - first))
-                    else:
-                        send.send(chunk)
+                    payload, dec = timed("codec", wire.send, chunk) if mode != "raw" else (chunk, None)
+                    if sink is not None:
+                        sink.record(a, b, chunk, dec)
+                    put(payload)
+                else:                                    # phase 2: reduced values, forwarded as they came
+                    put(keep.pop(j - first) if not wire.direct else chunk)
         except _Aborted:
             return
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread
             prog.fail(e)
             recv.close()  # wake the receiving side if it waits on a peer
 
+    def take(m: int, into: np.ndarray):
+        """The next payload of a chunk of ``m`` values (straight into ``into`` when direct)."""
+        if mode == "app":
+            return recv.recv_frame(limit)
+        if wire.direct:
+            recv.recv_into(into)
+            return into
+        buf = np.empty(wire.wire_floats(m), dtype=np.float32)
+        recv.recv_into(buf)
+        return buf
+
     t = threading.Thread(target=sender, name=f"inceptionn-ring-send-{rank}", daemon=True)
     t.start()
-    tmp = np.empty(min(chunk_values, max(n, 1)), dtype=np.float32)
+    tmp = np.empty(cmax, dtype=np.float32)
     try:
         for i, (s, a, b) in enumerate(recvs):
             if prog.error is not None:
@@ -147,32 +251,23 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
             dst = work[a:b]
             if s <= world - 2:                           # phase 1: receive and add
                 part = tmp[: b - a]
-                if mode == "app":
-                    blob = recv.recv_frame(limit)
-                    timed("codec", codec.decode_into, blob, part)
-                else:
-                    recv.recv_into(part)
+                payload = take(b - a, part)
+                if mode != "raw":
+                    timed("codec", receive, wire, payload, part)
                 timed("sum", np.add, dst, part, dst)
-                if s == world - 2:                       # the block this rank owns is complete
-                    if mode == "nic":
-                        q = timed("codec", codec.reconstruct, dst)
-                        if sink is not None:
-                            sink.record(a, b, dst, q)
-                        dst[:] = q
-                    elif mode == "app":
-                        blob, q = timed("codec", codec.encode_decoded, dst)  # q is what the others decode
-                        if sink is not None:
-                            sink.record(a, b, dst, q)
-                        dst[:] = q
-                        blobs[i] = blob
+                if s == world - 2 and mode != "raw":     # the block this rank owns is complete
+                    before = dst.copy() if sink is not None else None
+                    payload = timed("codec", wire.own, dst)
+                    if sink is not None:
+                        sink.record(a, b, before, dst)
+                    if not wire.direct:
+                        keep[i] = payload
             else:                                        # phase 2: the final values
-                if mode == "app":
-                    blob = recv.recv_frame(limit)
-                    timed("codec", codec.decode_into, blob, dst)
-                    if s < steps - 1:
-                        blobs[i] = blob
-                else:
-                    recv.recv_into(dst)
+                payload = take(b - a, dst)
+                if mode != "raw":
+                    timed("codec", receive, wire, payload, dst)
+                if s < steps - 1 and not wire.direct:
+                    keep[i] = payload
             prog.mark()
     except BaseException as e:
         prog.fail(e)
@@ -182,3 +277,41 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     t.join()
     if prog.error is not None:
         raise prog.error
+
+
+def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, codec=None,
+                  scaled: bool = False, block: int = BLOCK_VALUES, count=None, progress=None) -> np.ndarray:
+    """What ``ring_allreduce`` on ``world`` ranks leaves on every rank, computed in one process
+    (bench/scale.py): the same blocks, chunks and Wire transforms in the same order, without
+    sockets, so the bits are those of the real ring (tests/test_collective.py holds them
+    together). ``values(r, a, b)`` returns rank r's float32 values [a, b) (not modified).
+
+    Block b's partial sum starts at rank b and visits ranks b+1 .. b-1 (phase 1: each sends it
+    with ``Wire.send``, the next decodes it with ``Wire.receive`` and adds its own values); the
+    last one owns it (``Wire.own``), and phase 2 gives every rank what the owner's payload
+    decodes to, which is what the owner keeps. ``count(payload, m, times)``, if given, sees every
+    payload: phase 1's once each, the owner's with times = world - 1 (it crosses that many links).
+    ``progress(done, world)`` is called after each ring block."""
+    assert mode in MODES and world >= 2
+    wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block)
+    out = np.empty(n, dtype=np.float32)
+    for b, (lo, hi) in enumerate(block_bounds(n, world)):
+        for a, e in chunk_list(lo, hi, chunk_values):
+            acc = np.array(values(b, a, e), dtype=np.float32)
+            part = np.empty(e - a, dtype=np.float32)
+            for j in range(1, world):
+                payload, _ = wire.send(acc)
+                if count is not None:
+                    count(payload, e - a, 1)
+                if mode != "raw":
+                    receive(wire, payload, part)
+                else:
+                    part[:] = payload
+                acc = np.add(values((b + j) % world, a, e), part)
+            payload = wire.own(acc) if mode != "raw" else acc
+            if count is not None:
+                count(payload, e - a, world - 1)
+            out[a:e] = acc
+        if progress is not None:
+            progress(b + 1, world)
+    return out

@@ -1,4 +1,6 @@
-"""Exact power-of-two gradient scaling per bucket.
+"""Exact power-of-two gradient scaling per bucket: wire format v1's. The collective no longer
+uses it (v2 scales per block at every hop: ring.Wire, docs/collectives.md); the benchmarks do,
+to compare codecs on scaled inputs (``scaled_copy``) and for ``bench scale``'s "before" rows.
 
 The INCEPTIONN codec keeps *absolute* precision (16BIT: 2^-15, 8BIT: 2^-7) and zeroes values
 below 2^-7 for the usual error bounds (docs/spec.md section 1), while real gradients mostly sit below

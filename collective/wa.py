@@ -2,10 +2,11 @@
 aggregator, which sums them, runs the update and sends the new weights back.
 
 Each worker has one connection to the aggregator. The worker's direction carries its gradient,
-chunked: float32 on a tagged socket (``nic``: the soft NIC compresses this leg; the worker sends
-the codec's reconstruction, a fixed point of it, so the aggregator gets the same values whether
-a packet was compressed or not), raw float32
-untagged (``raw``), or length-prefixed codec output untagged (``app``). The aggregator answers on
+chunked, in the ring's wire format (ring.Wire, docs/collectives.md): float32 on a tagged socket
+(``nic``: the soft NIC compresses this leg; the worker sends fixed points of the codec's
+reconstruction, so the aggregator gets the same values whether a packet was compressed or not),
+raw float32 untagged (``raw``), or length-prefixed codec output untagged (``app``); per-block
+scaled for codecs that ask for scaling. The aggregator answers on
 the accepted side of the same connection, which is never tagged: the weights travel exact, so
 every rank ends with the aggregator's weights bit for bit (the paper's WA compresses one leg).
 
@@ -23,7 +24,7 @@ import time
 
 import numpy as np
 
-from .ring import chunk_list
+from .ring import Wire, chunk_list, receive
 from .stats import Timers
 from .transport import Conn
 
@@ -32,28 +33,23 @@ MAX_WEIGHTS = 1 << 31
 
 
 def worker_send(work: np.ndarray, conn: Conn, *, chunk_values: int, mode: str, codec=None, sink=None,
-                timers: Timers | None = None) -> None:
+                timers: Timers | None = None, scaled: bool = False) -> None:
     timers = timers or Timers()
+    wire = Wire(mode, codec, scaled=scaled, need_decoded=sink is not None)
     for a, b in chunk_list(0, work.size, chunk_values):
         chunk = work[a:b]
         if mode == "raw":
             conn.send(chunk)
-        elif mode == "nic":
-            t = time.perf_counter()
-            q = codec.reconstruct(chunk)    # a fixed point: arrives as q, compressed or not
-            timers.add("codec", time.perf_counter() - t)
-            if sink is not None:
-                sink.record(a, b, chunk, q)
-            conn.send(q)
+            continue
+        t = time.perf_counter()
+        payload, dec = wire.send(chunk)
+        timers.add("codec", time.perf_counter() - t)
+        if sink is not None:
+            sink.record(a, b, chunk, dec)
+        if mode == "app":
+            conn.send_frame(payload)
         else:
-            t = time.perf_counter()
-            if sink is not None:  # error feedback: the stream and its decode
-                blob, q = codec.encode_decoded(chunk)
-                sink.record(a, b, chunk, q)
-            else:
-                blob = codec.encode(chunk)
-            timers.add("codec", time.perf_counter() - t)
-            conn.send_frame(blob)
+            conn.send(payload)
 
 
 def worker_receive_weights(conn: Conn) -> np.ndarray:
@@ -66,11 +62,12 @@ def worker_receive_weights(conn: Conn) -> np.ndarray:
 
 
 def aggregate(own: np.ndarray | None, conns: dict[int, Conn], n: int, *, chunk_values: int, mode: str,
-              codec=None, timers: Timers | None = None) -> np.ndarray:
+              codec=None, timers: Timers | None = None, scaled: bool = False) -> np.ndarray:
     """Sum ``own`` (or nothing) and every worker's gradient, chunk by chunk in rank order."""
     timers = timers or Timers()
+    wire = Wire(mode, codec, scaled=scaled)
     chunks = chunk_list(0, n, chunk_values)
-    limit = 8 * 4 * min(chunk_values, max(n, 1)) + 65536
+    limit = 8 * 4 * wire.wire_floats(min(chunk_values, max(n, 1))) + 65536
     bufs = {r: np.empty(n, dtype=np.float32) for r in conns}
     cond = threading.Condition()
     done = dict.fromkeys(conns, 0)
@@ -80,14 +77,19 @@ def aggregate(own: np.ndarray | None, conns: dict[int, Conn], n: int, *, chunk_v
     def receiver(r: int, conn: Conn):
         try:
             for a, b in chunks:
-                if mode == "app":
-                    blob = conn.recv_frame(limit)
+                dst = bufs[r][a:b]
+                if wire.direct:
+                    conn.recv_into(dst)
+                else:
+                    if mode == "app":
+                        payload = conn.recv_frame(limit)
+                    else:
+                        payload = np.empty(wire.wire_floats(b - a), dtype=np.float32)
+                        conn.recv_into(payload)
                     t = time.perf_counter()
                     with lock:
-                        codec.decode_into(blob, bufs[r][a:b])
+                        receive(wire, payload, dst)
                     timers.add("codec", time.perf_counter() - t)
-                else:
-                    conn.recv_into(bufs[r][a:b])
                 with cond:
                     done[r] += 1
                     cond.notify_all()

@@ -7,6 +7,7 @@ same float32 operations in the same order, so most comparisons are bit for bit.
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -20,7 +21,8 @@ import pytest
 from inceptionn.codecs import Codec, available_codecs, get_codec
 from inceptionn.collective import scaling as sc
 from inceptionn.collective import FileStore, Group
-from inceptionn.collective.ring import block_bounds
+from inceptionn.codecs.blockscale import BLOCK_VALUES, wire_values
+from inceptionn.collective.ring import block_bounds, chunk_list
 
 CODEC = get_codec("inceptionn", error_bound=-10)
 
@@ -88,50 +90,62 @@ def same_bits(arrays) -> bool:
 
 # --- what the collectives must compute ---------------------------------------------------------
 
-def scaled_inputs(xs, headroom, bucket=sc.BUCKET_VALUES):
-    n = xs[0].size
-    if n == 0:
-        return [x.copy() for x in xs], None
-    exps = sc.exponents(np.max([sc.bucket_maxima(x, bucket) for x in xs], axis=0), headroom)
-    out = []
-    for x in xs:
-        y = x.copy()
-        sc.apply(y, exps, bucket)
-        out.append(y)
-    return out, exps
+def nearest(v, codec=CODEC):
+    """The value the codec represents nearest to each of ``v`` (|v| < 1; ties toward zero), from
+    its tiers (docs/spec.md section 1): 0; multiples of 2^-7 from 2^max(k, -7); multiples of
+    2^-15 from the 16-bit tier's start."""
+    k = codec.error_bound
+    t16 = 2.0 ** (k + (-k + 1) // 2)
+    a = np.abs(v.astype(np.float64))
+    lo = np.where(a >= t16, np.floor(a * 2**15) / 2**15,
+                  np.where(a >= 2.0 ** max(k, -7), np.floor(a * 2**7) / 2**7, 0.0))
+    hi = np.where(lo == 0, 2.0 ** max(k, -7), lo + np.where(lo < t16, 2.0**-7, 2.0**-15))
+    r = np.where((hi < 1) & (hi - a < a - lo), hi, lo)
+    r = np.where(a < 1, r, a)
+    return (np.sign(v) * r).astype(np.float32) + np.float32(0)
 
 
-def ring_expected(xs, mode, scaling=True, codec=CODEC):
-    """The ring's result on loopback: phase-1 sums in ring order (block b starts at rank b, each
-    next rank adds its own values to what it received); 'nic': the owner's reconstruction;
-    'nic': the sender's reconstruction at every hop and the owner's once; 'app': decode(encode())
-    likewise. With or without soft NICs on the way: the values on the wire are fixed points."""
-    world, n = len(xs), xs[0].size
-    s, exps = scaled_inputs(xs, world) if scaling and mode != "raw" else ([x.copy() for x in xs], None)
-    out = np.empty(n, dtype=np.float32)
-    for b, (lo, hi) in enumerate(block_bounds(n, world)):
-        acc = s[b][lo:hi].copy()
-        for j in range(1, world):
-            inc = {"app": codec.roundtrip, "nic": codec.reconstruct}.get(mode, np.copy)(acc)
-            acc = s[(b + j) % world][lo:hi] + inc
-        if mode == "nic":
-            acc = codec.reconstruct(acc)
-        elif mode == "app":
-            acc = codec.roundtrip(acc)
-        out[lo:hi] = acc
-    if exps is not None:
-        sc.apply(out, exps, sc.BUCKET_VALUES, inverse=True)
+def hop(acc, mode, scaling, codec=CODEC):
+    """What the receiver of a partial sum ``acc`` (one pipeline chunk) gets: per block of
+    BLOCK_VALUES, the sender's exponent from the block's max (frexp), the scaled values rounded
+    to the nearest value the codec represents, times 2^-s at the receiver (wire format v2);
+    without scaling the codec's reconstruction ('nic') or decode(encode()) ('app') of the values."""
+    if mode == "raw":
+        return acc.copy()
+    if not scaling:
+        return codec.reconstruct(acc) if mode == "nic" else codec.roundtrip(acc)
+    out = np.empty_like(acc)
+    for i in range(0, acc.size, BLOCK_VALUES):
+        blk = acc[i:i + BLOCK_VALUES]
+        m = float(np.abs(blk).max())
+        s = 0 if m == 0 or not np.isfinite(m) else min(max(-math.frexp(m)[1], -126), 126)
+        q = nearest((blk * np.float32(2.0**s)).astype(np.float32), codec)
+        assert np.array_equal(codec.reconstruct(q).view(np.uint32), q.view(np.uint32))   # a fixed point
+        out[i:i + BLOCK_VALUES] = q * np.float32(2.0**-s)
     return out
 
 
-def wa_expected(xs, mode, scaling=True, codec=CODEC):
-    s, exps = scaled_inputs(xs, 1) if scaling and mode != "raw" else ([x.copy() for x in xs], None)
-    total = s[0].copy()
+def ring_expected(xs, mode, scaling=True, codec=CODEC, chunk=65536):
+    """The ring's result on loopback: phase-1 sums in ring order (block b starts at rank b, each
+    next rank adds its own values to what it received from the last hop), then what the owner's
+    payload decodes to. With or without soft NICs on the way: the values on the wire are fixed
+    points of the codec."""
+    world, n = len(xs), xs[0].size
+    out = np.empty(n, dtype=np.float32)
+    for b, (lo, hi) in enumerate(block_bounds(n, world)):
+        for a, e in chunk_list(lo, hi, chunk):
+            acc = xs[b][a:e].copy()
+            for j in range(1, world):
+                acc = xs[(b + j) % world][a:e] + hop(acc, mode, scaling, codec)
+            out[a:e] = hop(acc, mode, scaling, codec)
+    return out
+
+
+def wa_expected(xs, mode, scaling=True, codec=CODEC, chunk=65536):
+    total = xs[0].copy()
     for r in range(1, len(xs)):
-        lossy = {"app": codec.roundtrip, "nic": codec.reconstruct}.get(mode, np.copy)
-        total = total + lossy(s[r])
-    if exps is not None:
-        sc.apply(total, exps, sc.BUCKET_VALUES, inverse=True)
+        for a, e in chunk_list(0, total.size, chunk):
+            total[a:e] = total[a:e] + hop(xs[r][a:e], mode, scaling, codec)
     return total
 
 
@@ -228,8 +242,8 @@ def _many(g, rank, lengths, ops):
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_ring_and_wa_bit_exact_on_loopback(world):
     ops = ["raw", "nic", "app", "wa"]
-    kw = {"chunk_bytes": 4096} if world == 3 else {}     # many chunks: the pipeline across steps
-    res = run_ranks(world, _many, LENGTHS, ops, group_kw=kw)
+    chunk = 1024 if world == 3 else 65536             # many chunks: the pipeline across steps
+    res = run_ranks(world, _many, LENGTHS, ops, group_kw={"chunk_bytes": 4 * chunk})
     for n in LENGTHS:
         xs = [data(r, n) for r in range(world)]
         exact = np.sum(np.array(xs, dtype=np.float64), axis=0) if n else np.zeros(0)
@@ -240,12 +254,12 @@ def test_ring_and_wa_bit_exact_on_loopback(world):
             if world == 1:
                 want = xs[0] * np.float32(0.5) if op == "wa" else xs[0]
             elif op == "wa":
-                want = wa_expected(xs, "nic") * np.float32(0.5)
+                want = wa_expected(xs, "nic", chunk=chunk) * np.float32(0.5)
             else:
-                want = ring_expected(xs, op)
+                want = ring_expected(xs, op, chunk=chunk)
             assert np.array_equal(got[0].view(np.uint32), want.view(np.uint32)), f"{op} n={n}"
             # and within the codec's error of the true sum: every lossy hop loses < 2^-7 of the
-            # scaled value; unscaled, 2^-7 * 2^-s <= 2^-7 * 2 * N * max|x| per hop
+            # scaled value; unscaled, 2^-7 * 2^-s <= 2^-7 * 2 * (block max) <= 2^-7 * 2 * N * max|x|
             hops = {"raw": 0, "nic": world, "app": world, "wa": 1}[op]
             if n:
                 m = max(float(np.abs(x).max()) for x in xs)
@@ -269,9 +283,11 @@ def _stats(g, rank, n):
 def test_planes_tos_and_byte_counts():
     world, n = 4, 100_003
     res = run_ranks(world, _stats, n)
-    blocks = [b - a for a, b in block_bounds(n, world)]
-    # each block crosses the ring 2(N-1) times, phase 1 and phase 2
-    assert sum(r[0]["bytes_sent"]["gradient"] for r in res) == 4 * 2 * (world - 1) * sum(blocks)
+    # each block crosses the ring 2(N-1) times, phase 1 and phase 2, as wire format v2: per chunk
+    # of 65,536 values one exponent float per BLOCK_VALUES values more
+    wire = sum(wire_values(e - a) for lo, hi in block_bounds(n, world) for a, e in chunk_list(lo, hi, 65536))
+    assert wire == n + sum(-(-(hi - lo) // BLOCK_VALUES) for lo, hi in block_bounds(n, world))
+    assert sum(r[0]["bytes_sent"]["gradient"] for r in res) == 4 * 2 * (world - 1) * wire
     for nic, raw, wa, conns, total in res:
         assert nic["bytes_sent"]["data"] == 0 and nic["bytes_received"]["data"] == 0
         assert nic["bytes_sent"]["control"] > 0
@@ -286,8 +302,9 @@ def test_planes_tos_and_byte_counts():
     # WA: only workers send on the gradient plane; the aggregator answers on the data plane
     assert res[0][2]["bytes_sent"]["gradient"] == 0
     assert res[0][2]["bytes_sent"]["data"] == (world - 1) * (8 + 4 * n)
-    assert all(r[2]["bytes_sent"]["gradient"] == 4 * n for r in res[1:])
-    assert res[0][2]["bytes_received"]["gradient"] == (world - 1) * 4 * n
+    wa_wire = sum(wire_values(e - a) for a, e in chunk_list(0, n, 65536))
+    assert all(r[2]["bytes_sent"]["gradient"] == 4 * wa_wire for r in res[1:])
+    assert res[0][2]["bytes_received"]["gradient"] == (world - 1) * 4 * wa_wire
 
 
 def _untagged(g, rank):
@@ -305,12 +322,12 @@ def test_tag_false_keeps_the_computation_but_not_the_mark():
 # --- error feedback ----------------------------------------------------------------------------
 
 def _ef_steps(g, rank, steps, ef):
-    x = np.full(5000, 0.004, dtype=np.float32)
-    x[0] = 1.0             # sets the bucket's scale (2^-2 for 3 ranks): sums of 0.004 fall below 2^-7
+    x = np.full(3 * BLOCK_VALUES, 0.004, dtype=np.float32)   # 3 ranks: one scale block per ring block
+    x[::BLOCK_VALUES] = 1.0   # sets each block's scale (2^-1..2^-2 as the sum grows): 0.004 .. 0.012 fall below 2^-7
     out = []
     for _ in range(steps):
         out.append(g.allreduce(x, compress="nic", error_feedback=ef))
-    return np.array(out), g.error_feedback.residual(("allreduce", 5000))
+    return np.array(out), g.error_feedback.residual(("allreduce", x.size))
 
 
 def test_error_feedback_recovers_what_the_codec_drops():
@@ -318,15 +335,16 @@ def test_error_feedback_recovers_what_the_codec_drops():
     with_ef = run_ranks(world, _ef_steps, steps, True)
     without = run_ranks(world, _ef_steps, steps, False)
     exact = world * 0.004
-    plain = without[0][0]
-    assert (plain[:, 1:] == 0).all(), "without error feedback the small values vanish every step"
-    hist = with_ef[0][0]
+    small = np.arange(3 * BLOCK_VALUES) % BLOCK_VALUES != 0
+    plain = without[0][0][:, small]
+    assert (plain == 0).all(), "without error feedback the small values vanish every step"
+    hist = with_ef[0][0][:, small]
     assert same_bits([r[0] for r in with_ef])
     # over the steps the small values get through: cumulative error stays one quantum, not T of them
-    quantum = 2.0**-7 * 2.0 ** -float(sc.exponents(np.array([1.0]), world)[0])
-    cum = hist[:, 1:].astype(np.float64).sum(axis=0)
+    quantum = 2.0**-7 * 4      # the codec's 2^-7 at the block's largest scale, 2^2 (sums up to 3.0)
+    cum = hist.astype(np.float64).sum(axis=0)
     assert np.abs(cum - steps * exact).max() <= world * quantum
-    assert hist[:, 1:].sum() > 0
+    assert hist.sum() > 0
     assert with_ef[1][1] is not None and without[1][1] is None
 
 
@@ -399,10 +417,10 @@ class Float16Codec(Codec):
 
 
 class EagerFloat16Codec(Float16Codec):
-    """The same codec saying it is per-value and wants scaling and error feedback."""
+    """The same codec saying it is per-value and wants error feedback."""
 
     name = "eagerfloat16test"
-    per_value = wants_scaling = wants_error_feedback = True
+    per_value = wants_error_feedback = True
 
 
 def _traits_run(g, rank, cls, n):
@@ -422,7 +440,7 @@ def test_the_collective_follows_the_codecs_traits_not_its_name():
         assert not has_residual                      # no error feedback
     for size, low_peak, has_residual in eager:
         assert size <= chunk                         # cut into pipeline chunks
-        assert low_peak >= 0.25 / world              # scaled: world * max * 2^s in [0.5, 1)
+        assert low_peak < 2 * peak                   # unscaled: scaling serves absolute precision only
         assert has_residual                          # error feedback on by default
 
 
@@ -613,3 +631,92 @@ def test_a_dead_peer_raises_instead_of_hanging():
     res = run_ranks(2, _dies, expect_ok=False, timeout=60)
     ok, msg = res[0]
     assert ok and msg.startswith("ConnectionError") and "unusable" in msg, msg
+
+
+# --- wire format v2: what a receiver refuses, and the simulator ---------------------------------
+
+def test_wire_v2_refuses_chunks_that_cannot_belong_to_the_call():
+    """Crafted payloads: every one raises WireError (one clear message) before a value is used."""
+    from inceptionn.collective.ring import Wire, WireError, receive
+    x = data(0, 1000)
+    x[300:600] *= 1e-6
+    out = np.empty(1000, dtype=np.float32)
+    nic, app = Wire("nic", CODEC, scaled=True), Wire("app", CODEC, scaled=True)
+    good, _ = nic.send(x)
+    assert good.size == wire_values(1000) == 1000 + 4
+    receive(nic, good, out)
+    assert np.array_equal(out, hop(x, "nic", True))
+    blob, _ = app.send(x)
+    receive(app, blob, out)
+    assert np.array_equal(out, hop(x, "nic", True))
+
+    def bad(edit):
+        w = good.copy()
+        edit(w)
+        return w
+    crafted = {
+        "short": good[:-1], "long": np.append(good, np.float32(0)),
+        "exponent not an integer": bad(lambda w: w.__setitem__(0, 1024.5)),
+        "exponent out of range": bad(lambda w: w.__setitem__(257, 1024 + 127)),
+        "exponent NaN": bad(lambda w: w.__setitem__(514, np.nan)),
+        "exponent below": bad(lambda w: w.__setitem__(771, 1024 - 127)),
+        "value >= 1 in a scaled block": bad(lambda w: w.__setitem__(5, 1.0)),
+        "inf in a scaled block": bad(lambda w: w.__setitem__(300, -np.inf)),
+        "NaN in a scaled block": bad(lambda w: w.__setitem__(999, np.nan)),
+    }
+    for what, w in crafted.items():
+        with pytest.raises(WireError, match="does not belong to this call"):
+            receive(nic, w, out)
+        if what in ("short", "long"):   # app mode: the codec stream's count (below)
+            continue
+        # app mode: the same floats as a valid codec stream
+        with pytest.raises(WireError, match="does not belong to this call"):
+            receive(app, CODEC.encode(w), out)
+    for stream in (blob[:-3], CODEC.encode(good[:-100]), CODEC.encode(np.append(good, good[:50]))):
+        with pytest.raises(WireError, match="malformed inceptionn stream"):
+            receive(app, stream, out)
+    # an unscaled block (s = 0: it held inf or NaN) may carry anything
+    y = np.zeros(300, dtype=np.float32)
+    y[7], y[280] = np.inf, 2.5
+    w, _ = nic.send(y)
+    assert w[0] == 1024 and w[257] == 1024 - 2
+    receive(nic, w, out[:300])
+    assert np.isinf(out[7]) and out[280] == 2.5
+
+
+def test_wire_v2_exponents_at_the_edges():
+    """frexp exponents: all-zero/inf/NaN blocks unscaled, the clamp keeps 2^s and 2^-s normal."""
+    from inceptionn.codecs.blockscale import BlockScale, MAX_SHIFT, MIN_SHIFT
+    bs = BlockScale(-10, block=4)
+    x = np.array([0, 0, 0, 0, 1e-45, 0, 0, 0, 3e38, 1, 0, 0, 0.25, 0.125, 0, 0,
+                  0.9999999, 0, 0, 0, 1.0, 0, 0, 0, np.nan, 1e-3, 0, 0], dtype=np.float32)
+    w = bs.encode(x)
+    assert list(w[::5] - 1024) == [0, MAX_SHIFT, MIN_SHIFT, 1, 0, -1, 0]
+    assert np.array_equal(CODEC.reconstruct(w).view(np.uint32)[~np.isnan(w)], w.view(np.uint32)[~np.isnan(w)])
+    out = np.empty_like(x)
+    bs.decode_into(w, out)
+    assert out[8] == np.float32(3e38) and out[12] == 0.25 and out[20] == 1.0 and np.isnan(out[24])
+
+
+def _ring_for_sim(g, rank, n, seeds):
+    return [g.allreduce(data(rank, n, seed=s), compress=mode, error_feedback=False)
+            for s in seeds for mode in ("nic", "app")]
+
+
+@pytest.mark.parametrize("world", [4, 16])
+def test_simulator_gives_the_bits_of_the_real_ring(world):
+    """bench scale's simulator (ring.simulate_ring) against Group rings over loopback sockets."""
+    from inceptionn.collective.ring import simulate_ring
+    n, chunk, seeds = 30_011, 4096, (0, 1)
+    res = run_ranks(world, _ring_for_sim, n, seeds, group_kw={"chunk_bytes": 4 * chunk}, timeout=240)
+    i = 0
+    for s in seeds:
+        xs = [data(r, n, seed=s) for r in range(world)]
+        for mode in ("nic", "app"):
+            got = [r[i] for r in res]
+            assert same_bits(got)
+            sim = simulate_ring(n, world, lambda r, a, b: xs[r][a:b], chunk_values=chunk, mode=mode,
+                                codec=CODEC, scaled=True)
+            assert np.array_equal(sim.view(np.uint32), got[0].view(np.uint32)), (world, s, mode)
+            assert np.array_equal(sim.view(np.uint32), ring_expected(xs, mode, chunk=chunk).view(np.uint32))
+            i += 1

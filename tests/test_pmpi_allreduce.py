@@ -62,7 +62,8 @@ def job(tb_name, outdir: Path, *wrapper: str, program: list[str], timeout=240):
 def check_taken(d: Path, key: str, inputs: list[np.ndarray], members=None) -> np.ndarray:
     """Bit-identical on every rank (of each half) and within the codec's bound of the exact sum:
     each of the N - 1 lossy hops of phase 1 and the owner's rounding lose at most 2^-7 of the
-    scaled values (scaled so that N times the bucket's max stays below 1)."""
+    scaled values (each block of the partial sum scaled so its max lies in [0.5, 1): 2^-s is at
+    most twice the block's max, at most N times the inputs' max)."""
     got = results(d, key)
     groups = [[0, 2], [1, 3]] if key == "half" else [list(range(WORLD))]
     for g in groups:
@@ -173,8 +174,8 @@ def test_mpi4py_script_app_mode_and_fallback(tb_name, tmp_path, prog):
 
 @pytest.mark.parametrize("mode", ["nic", "app"])
 def test_c_ring_and_python_group_agree(tmp_path, mode):
-    """One ring: on the same inputs and settings (codec error bound -10, scaling per 65536-value
-    bucket), the library's MPI_Allreduce and collective.Group.allreduce give the same bits. On
+    """One ring: on the same inputs and settings (codec error bound -10, wire format v2: scaling
+    per 256-value block at every hop), the library's MPI_Allreduce and collective.Group.allreduce give the same bits. On
     loopback, with no daemon (the result does not depend on the network)."""
     from inceptionn.shim.run import preload_library
     lib = preload_library("inceptionn.collective._pmpi_allreduce")
