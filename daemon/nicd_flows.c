@@ -29,6 +29,7 @@ struct slot {
     uint8_t sent, raw, used;
     uint8_t rewritten; /* a compressed packet arrived without its mark */
     uint8_t closing;   /* our FIN left: expires after NICD_FIN_LINGER_S idle seconds */
+    uint32_t view_asked; /* when the view was last asked for (monotonic seconds) */
     uint64_t owner;
     struct nicd_flow_view view;
 };
@@ -311,7 +312,7 @@ static int expired(const struct slot *s, uint32_t now)
 }
 
 int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
-                         uint64_t owner, const struct nicd_flow_view *view)
+                         uint64_t owner)
 {
     int rc = NICD_FLOWS_FULL;
     pthread_mutex_lock(&lock);
@@ -327,9 +328,7 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
         } else if (count < (mask + 1) / 4 * 3) { /* at most 3/4 full: probe chains stay short */
             count++;
             slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now,
-                                     .peer_mss = peer_mss, .owner = owner, .used = 1};
-            if (view)
-                slots[i].view = *view;
+                                     .peer_mss = peer_mss, .owner = owner, .used = 1, .view_asked = now};
             owners[o].owner = owner;
             owners[o].n++;
             rc = 0;
@@ -395,10 +394,25 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
             *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .peer_mss = s->peer_mss,
                                           .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
                                           .view = s->view};
+            if (!s->view.known && now - s->view_asked >= NICD_VIEW_RETRY_S)
+                fi->ask_view = 1, s->view_asked = now;
         }
     }
     pthread_mutex_unlock(&lock);
     return st;
+}
+
+int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struct nicd_flow_view *v)
+{
+    int stored = 0;
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (slots[i].used && slots[i].isn == isn)
+            slots[i].view = *v, stored = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return stored;
 }
 
 int nicd_flows_note_rewritten(const struct nicd_flow_key *k)
