@@ -1,5 +1,7 @@
 /*
- * Per-flow state of the soft NIC, shared by the queue threads (one mutex per table).
+ * Per-flow state of the soft NIC, shared by the queue threads: negotiated flows are found and
+ * updated without a lock shared between flows (nicd_flows.c says how); hellos (handshakes only)
+ * under one mutex. nicd_flows_init and _free run with no other thread in the tables.
  * A flow is keyed by its egress direction as this host sends it.
  *
  * Two tables, both indexed by SipHash-2-4 with a random key drawn at init (an attacker who
@@ -141,6 +143,9 @@ struct nicd_flow_info {
  * that ends no further than what was sent before) for the give-up above. */
 enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
                                        int fin, struct nicd_flow_info *fi);
+
+/* 1 if flow k is negotiated (a lookup, as the data path's). */
+int nicd_flows_known(const struct nicd_flow_key *k);
 
 /* Note that a compressed packet of the negotiated flow k arrived without the compressed mark;
  * returns 1 the first time for the flow (0 after, or if k is not negotiated). */

@@ -811,7 +811,10 @@ static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
 static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_key *k, struct ctx *cx)
 {
     struct nicd_hello h;
-    if (!nicd_hello_count() || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED || !h.agree)
+    /* the common case, a negotiated flow, answers without the hello table's lock: its hello is
+     * gone (our SYN-ACK forgets the flow before it answers a hello) */
+    if (!nicd_hello_count() || nicd_flows_known(k) || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED ||
+        !h.agree)
         return;
     if (p->ack - h.isn - 1 >= CONFIRM_WINDOW || !(p->tcp_flags & TCP_ACK) ||
         nicd_echo(p) != (h.isn & NICD_ECHO_MASK)) {
