@@ -28,6 +28,8 @@ ffibuilder.set_source(
     include_dirs=[rel(HERE), rel(CODECS)],
     libraries=["netfilter_queue", "nfnetlink", "pthread"],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing", "-ffp-contract=off"],  # as the codecs
+    # NICD_PROFILE=1 in the build's environment: the queue threads time their phases (docs/perf.md)
+    define_macros=[("NICD_PROFILE", "1")] if os.environ.get("NICD_PROFILE") == "1" else [],
 )
 
 if __name__ == "__main__":

@@ -44,6 +44,27 @@
  * smaller than what they cover: 45 at MTU 1500; a smaller MTU leaves the super-packet raw). */
 #define GSO_MAX_SEGS 64
 
+/* Built with -DNICD_PROFILE (NICD_PROFILE=1 make, daemon/build_ffi.py): where a queue thread's
+ * time goes, by phase, from clock_gettime around each; written when nicd_run returns, to the
+ * file $NICD_PROFILE_OUT names (appended) or stderr. docs/perf.md has the method and figures.
+ * Without the flag the macros are empty. */
+#ifdef NICD_PROFILE
+#define PROF_PHASES(X) X(POLL) X(RECV) X(HANDLE) X(FLOW) X(COMPRESS) X(SEND) X(RESTORE) X(VERDICT) X(VERDICT_IN)
+#define PROF_ENUM_(n) PH_##n,
+enum { PROF_PHASES(PROF_ENUM_) PH_N };
+static uint64_t prof_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+#define PROF_BEGIN(t) uint64_t t = prof_now()
+#define PROF_END(cx, ph, t) do { (cx)->prof_ns[PH_##ph] += prof_now() - (t); (cx)->prof_n[PH_##ph]++; } while (0)
+#else
+#define PROF_BEGIN(t) (void)0
+#define PROF_END(cx, ph, t) (void)0
+#endif
+
 /* One NFQNL_MSG_VERDICT message up to the payload attribute's data (all 4-byte aligned). */
 struct verdict_msg {
     struct nlmsghdr nlh;
@@ -76,6 +97,10 @@ struct ctx {
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
     int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
     int no_proto6;     /* ... or the protocol in sin6_port on the IPv6 one */
+#ifdef NICD_PROFILE
+    uint64_t prof_ns[PH_N], prof_n[PH_N];
+    int in_handle;     /* a flush inside a packet's handling counts as VERDICT_IN too */
+#endif
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -112,8 +137,14 @@ static void flush(struct ctx *cx)
     struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
     struct msghdr mh = {.msg_name = &kernel, .msg_namelen = sizeof kernel,
                         .msg_iov = cx->iov, .msg_iovlen = (size_t)cx->niov};
+    PROF_BEGIN(t);
     if (sendmsg(cx->fd, &mh, 0) < 0)
         COUNT(cx, VERDICT_ERRORS, cx->n);
+    PROF_END(cx, VERDICT, t);
+#ifdef NICD_PROFILE
+    if (cx->in_handle)
+        PROF_END(cx, VERDICT_IN, t);
+#endif
     cx->n = 0, cx->niov = 0, cx->bytes = 0;
 }
 
@@ -544,7 +575,9 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs;
+    PROF_BEGIN(tc);
     ptrdiff_t r = cut_gso(cx, p, isn, mtu, &nsegs, tiers);
+    PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) {
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -555,7 +588,9 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
         return;
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
+    PROF_BEGIN(ts);
     int too_big = send_segments(cx, p, rc, nsegs, p->payload_off);
+    PROF_END(cx, SEND, ts);
     if (too_big) {
         /* Refused for their size: the path MTU fell within the cached second. Look it up now and
          * send the whole super-packet again, cut to it: the ranges already out arrive twice,
@@ -687,8 +722,10 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     }
 
     struct nicd_flow_info fi;
+    PROF_BEGIN(tf);
     enum nicd_flow_state fs = nicd_flows_egress(&k, p.seq, (uint32_t)p.payload_len,
                                                 p.ip[p.payload_off + p.payload_len - 1], p.tcp_flags & TCP_FIN, &fi);
+    PROF_END(cx, FLOW, tf);
     uint32_t isn = fi.isn;
     if (fi.ask_view) /* its view is still unknown: the first request did not fit the queue */
         nicd_ct_ask(&k, isn);
@@ -734,9 +771,11 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
         }
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
+    PROF_BEGIN(tc);
     ptrdiff_t r = nicd_compress_codec(&p, p.seq - isn - 1, codec, cx->cfg->error_bound,
                                       (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->echo, OUT(cx),
                                       sizeof OUT(cx), cx->scratch, tiers);
+    PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) { /* not compressed: any result that is no packet length */
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -881,8 +920,10 @@ static void ingress(struct nfq_data *nfa, struct ctx *cx)
 
     /* the mark the sender's codec stands for goes back on (codec 2: tos_scaled) */
     uint8_t mark = nicd_codec_of(&p) == NICD_CODEC_SCALED ? cx->cfg->tos_scaled : cx->cfg->tos_tagged;
+    PROF_BEGIN(tr);
     ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | mark), OUT(cx),
                                sizeof OUT(cx), cx->scratch);
+    PROF_END(cx, RESTORE, tr);
     if (r < 0) {
         switch (r) {
         case NICD_E_CHECKSUM: COUNT(cx, DROP_CHECKSUM, 1); break;
@@ -1057,7 +1098,9 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     cfg->ready = 1;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     while (!cfg->stop) {
+        PROF_BEGIN(tp);
         int pr = poll(&pfd, 1, 100);
+        PROF_END(cx, POLL, tp);
         if (pr < 0 && errno != EINTR) {
             fail(err, errlen, "poll", errno);
             goto out;
@@ -1067,7 +1110,9 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         /* Drain what is there before polling again: one poll, many packets, several per
          * system call; the verdicts go back in batches. */
         for (;;) {
+            PROF_BEGIN(tr);
             int got = recvmmsg(fd, mm, RECV_MSGS, MSG_DONTWAIT, NULL);
+            PROF_END(cx, RECV, tr);
             if (got < 0) {
                 if (errno == ENOBUFS) {
                     COUNT(cx, RECV_ENOBUFS, 1);
@@ -1075,12 +1120,42 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
                 }
                 break; /* EAGAIN: drained */
             }
-            for (int i = 0; i < got; i++)
+            for (int i = 0; i < got; i++) {
+                PROF_BEGIN(th);
+#ifdef NICD_PROFILE
+                cx->in_handle = 1;
+#endif
                 nfq_handle_packet(h, rio[i].iov_base, (int)mm[i].msg_len);
+#ifdef NICD_PROFILE
+                cx->in_handle = 0;
+#endif
+                PROF_END(cx, HANDLE, th);
+            }
         }
         flush(cx);
     }
     rc = 0;
+#ifdef NICD_PROFILE
+    { /* one line per queue thread: phase calls/total-us; HANDLE includes FLOW ... VERDICT_IN */
+        const char *path = getenv("NICD_PROFILE_OUT");
+        FILE *f = path ? fopen(path, "a") : NULL;
+        static const char *const names[] = {
+#define PROF_NAME_(n) #n,
+            PROF_PHASES(PROF_NAME_)
+#undef PROF_NAME_
+        };
+        char line[1024];
+        int at = snprintf(line, sizeof line, "nicd-profile pid %d queues %u/%u gso %d accept_only %d egress %llu ingress %llu",
+                          (int)getpid(), cfg->egress_queue, cfg->ingress_queue, cfg->gso, cfg->accept_only,
+                          (unsigned long long)st->c[NICD_C_EGRESS_PACKETS], (unsigned long long)st->c[NICD_C_INGRESS_PACKETS]);
+        for (int i = 0; i < PH_N && at > 0 && (size_t)at < sizeof line; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %llu/%llu", names[i],
+                           (unsigned long long)cx->prof_n[i], (unsigned long long)(cx->prof_ns[i] / 1000));
+        fprintf(f ? f : stderr, "%s\n", line);
+        if (f)
+            fclose(f);
+    }
+#endif
 out:
     if (qe)
         nfq_destroy_queue(qe);
