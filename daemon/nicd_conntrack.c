@@ -53,7 +53,7 @@ static int push(const struct request *r)
     for (;;) {
         uint64_t seq = __atomic_load_n(&cells[pos % NICD_CT_QUEUE].seq, __ATOMIC_ACQUIRE);
         int64_t d = (int64_t)(seq - pos);
-        if (d == 0 && __atomic_compare_exchange_n(&enq_pos, &pos, pos + 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        if (d == 0 && __atomic_compare_exchange_n(&enq_pos, &pos, pos + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
             break;
         if (d < 0)
             return -1; /* full */
@@ -276,19 +276,21 @@ static void *work(void *arg)
         }
         if (!pop(&r)) {
             /* Sleep until a producer wakes us; it writes the eventfd only if it sees `sleeping`
-             * (a system call per burst of handshakes, none while we are busy). The queue is
-             * looked at once more after saying so, and the poll has a timeout besides. */
+             * (a system call per burst of handshakes, none while we are busy). Said first, then
+             * the queue's end looked at (both seq_cst, as the producer's claim of a cell and its
+             * look at `sleeping`): a request claimed before we said it is seen here, one after
+             * it sees us sleeping. The poll has a timeout besides. */
             __atomic_store_n(&sleeping, 1, __ATOMIC_SEQ_CST);
-            __atomic_thread_fence(__ATOMIC_SEQ_CST);
-            if (!pop(&r)) {
-                struct pollfd p = {.fd = wake_fd, .events = POLLIN};
-                uint64_t junk;
-                if (poll(&p, 1, 100) > 0 && read(wake_fd, &junk, sizeof junk) < 0)
-                    junk = 0;
+            if (__atomic_load_n(&enq_pos, __ATOMIC_SEQ_CST) != deq_pos) { /* claimed, maybe not filled yet */
                 __atomic_store_n(&sleeping, 0, __ATOMIC_SEQ_CST);
                 continue;
             }
+            struct pollfd p = {.fd = wake_fd, .events = POLLIN};
+            uint64_t junk;
+            if (poll(&p, 1, 100) > 0 && read(wake_fd, &junk, sizeof junk) < 0)
+                junk = 0;
             __atomic_store_n(&sleeping, 0, __ATOMIC_SEQ_CST);
+            continue;
         }
         struct nicd_flow_view v = conntrack_view(&r.key);
         nicd_flows_set_view(&r.key, r.isn, &v);
@@ -358,7 +360,6 @@ int nicd_ct_ask(const struct nicd_flow_key *k, uint32_t isn)
     struct request r = {.key = *k, .isn = isn};
     if (push(&r) < 0)
         return -1;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_exchange_n(&sleeping, 0, __ATOMIC_SEQ_CST)) {
         uint64_t one = 1;
         if (write(wake_fd, &one, sizeof one) < 0) /* never blocks (EFD_NONBLOCK) */

@@ -441,3 +441,19 @@ def test_the_table_under_concurrent_readers_and_writers(build):
     assert "WARNING: ThreadSanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr
     m = re.search(r"(\d+) lookups \((\d+) hits\), (\d+) negotiations, 0 failures", r.stdout)
     assert m and int(m.group(2)) > 1000 and int(m.group(3)) > 1000, r.stdout
+
+
+@pytest.mark.parametrize("build", ["tsan", "san"])
+def test_the_request_queue_under_concurrent_producers(build):
+    """daemon/tests/stress_nicd_conntrack.c: four queue threads post conntrack requests at once
+    while the conntrack thread drains them, then against a held thread and a full queue: every
+    posted request answered exactly once, a held thread answers nothing, a full queue refuses,
+    every flow ends with its view; under ThreadSanitizer and ASan + UBSan."""
+    root = Path(__file__).resolve().parent.parent
+    target = f"build/stress_nicd_conntrack_{build}"
+    subprocess.run(["make", "-s", "--no-print-directory", target], cwd=root, check=True)
+    r = subprocess.run([root / target], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING: ThreadSanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr
+    m = re.search(r"(\d+) requests answered, (\d+) refused \(queue full\), 0 failures", r.stdout)
+    assert m and int(m.group(1)) > 1000 and int(m.group(2)) > 0, r.stdout
