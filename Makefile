@@ -56,8 +56,31 @@ build/test_%_san: codecs_c/tests/test_%.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	$(CC) $(CFLAGS_CHECK) $(SANITIZE) $< $(CODEC_SRC) -lm -o $@
 
-check-c: $(CODEC_UNIT_TESTS)
+# The soft NIC's flow table under concurrent readers and writers (daemon/tests/stress_nicd_flows.c,
+# seconds per phase: STRESS_SECONDS) and the conntrack thread's request queue under concurrent
+# producers (stress_nicd_conntrack.c, as root): under ThreadSanitizer, and under ASan + UBSan.
+NICD_STRESS := build/stress_nicd_flows_tsan build/stress_nicd_flows_san build/stress_nicd_conntrack_tsan \
+	build/stress_nicd_conntrack_san
+STRESS_SECONDS ?= 2
+build/stress_nicd_conntrack_tsan: daemon/tests/stress_nicd_conntrack.c daemon/nicd_conntrack.c daemon/nicd_conntrack.h daemon/nicd_flows.c daemon/nicd_flows.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=thread $< daemon/nicd_conntrack.c daemon/nicd_flows.c -lpthread -o $@
+
+build/stress_nicd_conntrack_san: daemon/tests/stress_nicd_conntrack.c daemon/nicd_conntrack.c daemon/nicd_conntrack.h daemon/nicd_flows.c daemon/nicd_flows.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim $(SANITIZE) $< daemon/nicd_conntrack.c daemon/nicd_flows.c -lpthread -o $@
+
+build/stress_nicd_flows_tsan: daemon/tests/stress_nicd_flows.c daemon/nicd_flows.c daemon/nicd_flows.h daemon/nicd_packet.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=thread $< daemon/nicd_flows.c -lpthread -o $@
+
+build/stress_nicd_flows_san: daemon/tests/stress_nicd_flows.c daemon/nicd_flows.c daemon/nicd_flows.h daemon/nicd_packet.h
+	@mkdir -p build
+	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim $(SANITIZE) $< daemon/nicd_flows.c -lpthread -o $@
+
+check-c: $(CODEC_UNIT_TESTS) $(NICD_STRESS)
 	for t in $(CODEC_UNIT_TESTS); do ./$$t || exit 1; done
+	for t in $(NICD_STRESS); do ./$$t $(STRESS_SECONDS) || exit 1; done
 
 # libFuzzer targets (clang), also under ASan/UBSan.
 build/fuzz_%: codecs_c/fuzz/fuzz_%.c $(CODEC_SRC) $(CODEC_HDR)

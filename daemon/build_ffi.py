@@ -15,19 +15,21 @@ def rel(*parts):
 
 # Each header's declarations for cffi sit beside it in NAME.cdef, as for the codecs; constants
 # and array lengths are "...", so the C compiler supplies them from the headers.
-CDEF_FILES = [os.path.join(HERE, f"nicd_{name}.cdef") for name in ("packet", "flows", "pmtu", "queue")]
+CDEF_FILES = [os.path.join(HERE, f"nicd_{name}.cdef") for name in ("packet", "flows", "pmtu", "conntrack", "queue")]
 CDEF = "\n".join(open(f).read() for f in CDEF_FILES)
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "inceptionn.daemon._datapath",
-    '#include "nicd_packet.h"\n#include "nicd_flows.h"\n#include "nicd_pmtu.h"\n#include "nicd_queue.h"',
-    sources=[rel(HERE, s) for s in ("nicd_packet.c", "nicd_flows.c", "nicd_pmtu.c", "nicd_queue.c")]
+    '#include "nicd_packet.h"\n#include "nicd_flows.h"\n#include "nicd_pmtu.h"\n#include "nicd_conntrack.h"\n#include "nicd_queue.h"',
+    sources=[rel(HERE, s) for s in ("nicd_packet.c", "nicd_flows.c", "nicd_pmtu.c", "nicd_conntrack.c", "nicd_queue.c")]
     + [rel(CODECS, s) for s in ("inceptionn_codec.c", "inceptionn_codec_avx2.c")],
     include_dirs=[rel(HERE), rel(CODECS)],
     libraries=["netfilter_queue", "nfnetlink", "pthread"],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing", "-ffp-contract=off"],  # as the codecs
+    # NICD_PROFILE=1 in the build's environment: the queue threads time their phases (docs/perf.md)
+    define_macros=[("NICD_PROFILE", "1")] if os.environ.get("NICD_PROFILE") == "1" else [],
 )
 
 if __name__ == "__main__":

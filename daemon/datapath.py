@@ -32,7 +32,10 @@ class Datapath:
         self.started = time.monotonic()
 
     def start(self, timeout: float = 5.0) -> None:
-        """Start every queue thread and wait until each has bound its queues."""
+        """Start the slow path's conntrack thread (without ctnetlink every flow is taken as the
+        hook sees it, daemon/nicd_conntrack.h), then every queue thread, and wait until each has
+        bound its queues."""
+        lib.nicd_ct_start()
         for w in self._workers:
             def run(w=w):
                 w["rc"] = lib.nicd_run(w["cfg"], w["stats"], w["err"], 256)
@@ -66,6 +69,7 @@ class Datapath:
         for w in self._workers:
             if w["thread"] is not None:
                 w["thread"].join(timeout=5)
+        lib.nicd_ct_stop()
         lib.nicd_flows_free()
         lib.nicd_pmtu_free()
 

@@ -1,11 +1,26 @@
 /* The soft NIC's flow tables (see nicd_flows.h): negotiated flows in an open-addressing table
  * (linear probing, backward-shift deletion), with their owners' counts in a second one of the
  * same size (at most one owner per flow, so it never fills); hellos in a bounded set-associative
- * table. */
+ * table.
+ *
+ * Locking of the negotiated flows: the data path takes no lock that other flows share.
+ * - Each slot has a tag (atomic: 0 free, else its key's hash with the top bit set) and a lock of
+ *   its own, which guards its flow. A data packet finds its slot by reading tags only, then locks
+ *   that slot and checks the key under the lock (a flow's packets come to one queue thread, so
+ *   the slot lock is uncontended but for the rare writer below).
+ * - Inserting, removing and expiring hold the table lock (`lock`) as well, one writer at a time.
+ *   Insertion fills a free slot under its lock and publishes the tag last. Removal shifts later
+ *   entries of the probe chain back, each copied under the locks of both slots, and makes `gen`
+ *   odd while it does: a reader whose probe missed while gen moved looks again (a miss is never
+ *   wrong, only raw, but must not be caused by a move), and after a few tries under the table
+ *   lock, where nothing moves.
+ * - Lock order: table lock, then slot locks in probe order. A reader holds one slot lock and
+ *   takes no other lock while holding it. */
 #define _GNU_SOURCE
 #include "nicd_flows.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -14,7 +29,7 @@
 #define HELLO_WAYS 8
 #define HELLO_TIMEOUT_S 75 /* past the SYN retransmissions that matter; each one refreshes it */
 
-struct slot {
+struct flow {
     struct nicd_flow_key key;
     uint32_t isn, peer_isn;
     uint32_t last_seen; /* monotonic seconds */
@@ -26,12 +41,21 @@ struct slot {
     uint8_t retx;       /* sends of the range at retx_seq */
     uint8_t high_byte;  /* the byte before high */
     uint8_t high_fin;   /* a FIN followed it */
-    uint8_t sent, raw, used;
+    uint8_t sent, raw;
     uint8_t rewritten; /* a compressed packet arrived without its mark */
     uint8_t closing;   /* our FIN left: expires after NICD_FIN_LINGER_S idle seconds */
+    uint32_t view_asked; /* when the view was last asked for (monotonic seconds) */
     uint64_t owner;
     struct nicd_flow_view view;
 };
+
+struct slot {
+    uint64_t tag;  /* atomic: 0 free, else hash(key) | TAG_USED */
+    uint32_t lk;   /* atomic: the slot's lock (slot_lock) */
+    struct flow f; /* under lk; key and owner written with the table lock held too */
+};
+
+#define TAG_USED (1ull << 63) /* the low bits stay the hash's: tag & mask is the home slot */
 
 struct oslot {
     uint64_t owner; /* 0: free */
@@ -46,8 +70,10 @@ struct hslot {
 
 static struct slot *slots;
 static struct oslot *owners; /* mask + 1 entries too; guarded by lock */
-static uint32_t mask, count, idle_timeout, owner_cap;
+static uint32_t mask, count, idle_timeout, owner_cap; /* the pointer and mask change only at init
+                                                        and free, with no queue thread running */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t gen; /* atomic: odd while entries move (erase) */
 
 static struct hslot *hellos;
 static uint32_t hello_sets; /* a power of two */
@@ -276,48 +302,152 @@ static void owner_release(uint64_t owner)
 
 /* ---- negotiated flows --------------------------------------------------------------------- */
 
-/* Index of the key's slot, or of the empty slot where it would go. Caller holds the lock. */
+static uint64_t tag_of(const struct nicd_flow_key *k)
+{
+    return hash(k) | TAG_USED;
+}
+
+static uint64_t tag_at(uint32_t i)
+{
+    return __atomic_load_n(&slots[i].tag, __ATOMIC_ACQUIRE);
+}
+
+static void slot_lock(struct slot *s)
+{
+    unsigned spins = 0;
+    while (__atomic_exchange_n(&s->lk, 1, __ATOMIC_ACQUIRE)) {
+        while (__atomic_load_n(&s->lk, __ATOMIC_RELAXED)) {
+            if (++spins < 100) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+            } else {
+                sched_yield(); /* its holder may have lost its core (2 shared cores) */
+            }
+        }
+    }
+}
+
+static void slot_unlock(struct slot *s)
+{
+    __atomic_store_n(&s->lk, 0, __ATOMIC_RELEASE);
+}
+
+/* Index of the key's slot, or of the free slot where it would go. Caller holds the table lock
+ * (so no key changes under it: only writers write keys). */
 static uint32_t find(const struct nicd_flow_key *k)
 {
-    uint32_t i = (uint32_t)hash(k) & mask;
-    while (slots[i].used && !same(&slots[i].key, k))
+    uint64_t t = tag_of(k);
+    uint32_t i = (uint32_t)t & mask;
+    for (uint64_t at; (at = tag_at(i)) && !(at == t && same(&slots[i].f.key, k));)
         i = (i + 1) & mask;
     return i;
 }
 
+/* The key's slot, locked, or NULL: the data path's lookup, without the table lock (see the top
+ * of this file). */
+static struct slot *acquire(const struct nicd_flow_key *k)
+{
+    if (!slots)
+        return NULL;
+    uint64_t t = tag_of(k);
+    for (int attempt = 0; attempt < 4; attempt++) {
+        uint32_t g = __atomic_load_n(&gen, __ATOMIC_ACQUIRE);
+        if (g & 1) { /* entries are moving: wait for the writer */
+            sched_yield();
+            continue;
+        }
+        uint32_t i = (uint32_t)t & mask;
+        for (uint32_t n = 0; n <= mask; n++, i = (i + 1) & mask) {
+            uint64_t at = tag_at(i);
+            if (!at)
+                break;
+            if (at != t)
+                continue;
+            struct slot *s = &slots[i];
+            slot_lock(s);
+            if (__atomic_load_n(&s->tag, __ATOMIC_RELAXED) == t && same(&s->f.key, k))
+                return s;
+            slot_unlock(s);
+        }
+        /* after the tags' acquire loads: a moved tag seen means gen seen moved too */
+        if (__atomic_load_n(&gen, __ATOMIC_ACQUIRE) == g)
+            return NULL; /* no move overlapped the probe: the key is not there */
+    }
+    pthread_mutex_lock(&lock); /* moves kept overlapping: look where nothing moves */
+    uint32_t i = find(k);
+    struct slot *s = tag_at(i) ? &slots[i] : NULL;
+    if (s)
+        slot_lock(s);
+    pthread_mutex_unlock(&lock);
+    return s;
+}
+
+/* Remove the entry at i (the table lock held, slot i unlocked). */
 static void erase(uint32_t i)
 {
-    owner_release(slots[i].owner);
-    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
+    uint32_t g = __atomic_load_n(&gen, __ATOMIC_RELAXED);
+    __atomic_store_n(&gen, g + 1, __ATOMIC_RELAXED); /* published by the tags' release stores */
+    slot_lock(&slots[i]);
+    owner_release(slots[i].f.owner);
+    /* Backward-shift deletion keeps every probe chain unbroken without tombstones. An entry
+     * moves under both slots' locks; the old copy stays locked until it is overwritten or
+     * freed, so nobody ever finds it. */
     uint32_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        if (!slots[j].used)
+        uint64_t t = tag_at(j);
+        if (!t)
             break;
-        uint32_t home = (uint32_t)hash(&slots[j].key) & mask;
+        uint32_t home = (uint32_t)t & mask;
         if (((j - home) & mask) >= ((j - i) & mask)) {
-            slots[i] = slots[j];
+            slot_lock(&slots[j]);
+            slots[i].f = slots[j].f;
+            __atomic_store_n(&slots[i].tag, t, __ATOMIC_RELEASE);
+            slot_unlock(&slots[i]);
             i = j;
         }
     }
-    slots[i].used = 0;
+    __atomic_store_n(&slots[i].tag, 0, __ATOMIC_RELEASE);
+    slot_unlock(&slots[i]);
     count--;
+    __atomic_store_n(&gen, g + 2, __ATOMIC_RELEASE);
 }
 
-static int expired(const struct slot *s, uint32_t now)
+static int expired(const struct flow *f, uint32_t now)
 {
-    uint32_t limit = s->closing && NICD_FIN_LINGER_S < idle_timeout ? NICD_FIN_LINGER_S : idle_timeout;
-    return now - s->last_seen > limit;
+    uint32_t limit = f->closing && NICD_FIN_LINGER_S < idle_timeout ? NICD_FIN_LINGER_S : idle_timeout;
+    return now - f->last_seen > limit;
+}
+
+/* Remove k's entry if it is still the connection of our ISN isn and (if idle_only) idle past
+ * its timeout: the data path found it so, and hands it to the table lock. Returns 1 if removed. */
+static int erase_key(const struct nicd_flow_key *k, uint32_t isn, int idle_only)
+{
+    int done = 0;
+    pthread_mutex_lock(&lock);
+    if (slots) {
+        uint32_t i = find(k);
+        if (tag_at(i)) {
+            slot_lock(&slots[i]);
+            done = slots[i].f.isn == isn && (!idle_only || expired(&slots[i].f, now_s()));
+            slot_unlock(&slots[i]);
+            if (done)
+                erase(i);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return done;
 }
 
 int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
-                         uint64_t owner, const struct nicd_flow_view *view)
+                         uint64_t owner)
 {
     int rc = NICD_FLOWS_FULL;
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k), now = now_s();
-        if (slots[i].used) /* a new connection of the key: the old entry and its charge go */
+        if (tag_at(i)) /* a new connection of the key: the old entry and its charge go */
             erase(i), i = find(k);
         if (!owner) /* 0 marks a free owner slot: "none given" is an owner of its own */
             owner = 3ull << 32;
@@ -326,10 +456,11 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
             rc = NICD_FLOWS_OWNER_FULL;
         } else if (count < (mask + 1) / 4 * 3) { /* at most 3/4 full: probe chains stay short */
             count++;
-            slots[i] = (struct slot){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now,
-                                     .peer_mss = peer_mss, .owner = owner, .used = 1};
-            if (view)
-                slots[i].view = *view;
+            slot_lock(&slots[i]);
+            slots[i].f = (struct flow){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now,
+                                       .peer_mss = peer_mss, .owner = owner, .view_asked = now};
+            __atomic_store_n(&slots[i].tag, tag_of(k), __ATOMIC_RELEASE); /* published whole */
+            slot_unlock(&slots[i]);
             owners[o].owner = owner;
             owners[o].n++;
             rc = 0;
@@ -341,76 +472,94 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
 
 int nicd_flows_close(const struct nicd_flow_key *k, int rst)
 {
-    int done = 0;
-    pthread_mutex_lock(&lock);
-    if (slots) {
-        uint32_t i = find(k);
-        if (slots[i].used && rst) {
-            erase(i);
-            done = 1;
-        } else if (slots[i].used) {
-            done = !slots[i].closing;
-            slots[i].closing = 1;
-            slots[i].last_seen = now_s();
-        }
+    struct slot *s = acquire(k);
+    if (!s)
+        return 0;
+    if (rst) {
+        uint32_t isn = s->f.isn;
+        slot_unlock(s);
+        return erase_key(k, isn, 0);
     }
-    pthread_mutex_unlock(&lock);
+    int done = !s->f.closing;
+    s->f.closing = 1;
+    s->f.last_seen = now_s();
+    slot_unlock(s);
     return done;
 }
 
 enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
                                        int fin, struct nicd_flow_info *fi)
 {
-    enum nicd_flow_state st = NICD_FLOW_NONE;
-    pthread_mutex_lock(&lock);
-    if (slots) {
-        uint32_t i = find(k), now = now_s();
-        struct slot *s = &slots[i];
-        if (s->used && expired(s, now)) {
-            erase(i);
-        } else if (s->used) {
-            s->last_seen = now;
-            uint32_t end = seq + len;
-            st = s->raw ? NICD_FLOW_RAW : NICD_FLOW_COMPRESS;
-            if (st == NICD_FLOW_RAW) {
-                ; /* stays raw until it is forgotten */
-            } else if (!s->sent || (int32_t)(end - s->high) > 0) { /* new data (after a resent start?) */
-                uint32_t fresh = s->sent && (int32_t)(seq - s->high) < 0 ? end - s->high : len;
-                s->new_bytes += fresh, s->retx_bytes += len - fresh;
-                s->high = end, s->high_byte = last, s->high_fin = fin != 0, s->sent = 1;
-            } else {
-                if (end == s->high && fin)
-                    s->high_fin = 1; /* the FIN came with a resent tail */
-                s->retx_bytes += len;
-                if (seq != s->retx_seq || !s->retx)
-                    s->retx_seq = seq, s->retx = 1, s->retx_since = now;
-                if (s->retx < 255)
-                    s->retx++;
-                if ((s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) ||
-                    (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes))
-                    s->raw = 1, st = NICD_FLOW_GIVE_UP;
-            }
-            if (s->new_bytes > (1u << 30)) /* keep the ratio about recent data */
-                s->new_bytes /= 2, s->retx_bytes /= 2;
-            *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .peer_mss = s->peer_mss,
-                                          .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
-                                          .view = s->view};
-        }
+    struct slot *sl = acquire(k);
+    if (!sl)
+        return NICD_FLOW_NONE;
+    struct flow *s = &sl->f;
+    uint32_t now = now_s();
+    if (expired(s, now)) {
+        uint32_t isn = s->isn;
+        slot_unlock(sl);
+        erase_key(k, isn, 1);
+        return NICD_FLOW_NONE;
     }
-    pthread_mutex_unlock(&lock);
+    s->last_seen = now;
+    uint32_t end = seq + len;
+    enum nicd_flow_state st = s->raw ? NICD_FLOW_RAW : NICD_FLOW_COMPRESS;
+    if (st == NICD_FLOW_RAW) {
+        ; /* stays raw until it is forgotten */
+    } else if (!s->sent || (int32_t)(end - s->high) > 0) { /* new data (after a resent start?) */
+        uint32_t fresh = s->sent && (int32_t)(seq - s->high) < 0 ? end - s->high : len;
+        s->new_bytes += fresh, s->retx_bytes += len - fresh;
+        s->high = end, s->high_byte = last, s->high_fin = fin != 0, s->sent = 1;
+    } else {
+        if (end == s->high && fin)
+            s->high_fin = 1; /* the FIN came with a resent tail */
+        s->retx_bytes += len;
+        if (seq != s->retx_seq || !s->retx)
+            s->retx_seq = seq, s->retx = 1, s->retx_since = now;
+        if (s->retx < 255)
+            s->retx++;
+        if ((s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) ||
+            (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes))
+            s->raw = 1, st = NICD_FLOW_GIVE_UP;
+    }
+    if (s->new_bytes > (1u << 30)) /* keep the ratio about recent data */
+        s->new_bytes /= 2, s->retx_bytes /= 2;
+    *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .peer_mss = s->peer_mss,
+                                  .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
+                                  .view = s->view};
+    if (!s->view.known && now - s->view_asked >= NICD_VIEW_RETRY_S)
+        fi->ask_view = 1, s->view_asked = now;
+    slot_unlock(sl);
     return st;
+}
+
+int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struct nicd_flow_view *v)
+{
+    struct slot *s = acquire(k);
+    int stored = s && s->f.isn == isn;
+    if (stored)
+        s->f.view = *v;
+    if (s)
+        slot_unlock(s);
+    return stored;
+}
+
+int nicd_flows_known(const struct nicd_flow_key *k)
+{
+    struct slot *s = acquire(k);
+    if (s)
+        slot_unlock(s);
+    return s != NULL;
 }
 
 int nicd_flows_note_rewritten(const struct nicd_flow_key *k)
 {
-    int first = 0;
-    pthread_mutex_lock(&lock);
-    if (slots) {
-        uint32_t i = find(k);
-        if (slots[i].used && !slots[i].rewritten)
-            slots[i].rewritten = 1, first = 1;
-    }
-    pthread_mutex_unlock(&lock);
+    struct slot *s = acquire(k);
+    int first = s && !s->f.rewritten;
+    if (first)
+        s->f.rewritten = 1;
+    if (s)
+        slot_unlock(s);
     return first;
 }
 
@@ -419,7 +568,7 @@ void nicd_flows_forget(const struct nicd_flow_key *k)
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k);
-        if (slots[i].used)
+        if (tag_at(i))
             erase(i);
     }
     pthread_mutex_unlock(&lock);
@@ -542,7 +691,13 @@ uint32_t nicd_flows_expire(uint32_t *active, uint32_t *in_flight)
     if (slots) {
         uint32_t now = now_s();
         for (uint32_t i = 0; i <= mask;) {
-            if (slots[i].used && expired(&slots[i], now)) {
+            int idle = 0;
+            if (tag_at(i)) {
+                slot_lock(&slots[i]);
+                idle = expired(&slots[i].f, now);
+                slot_unlock(&slots[i]);
+            }
+            if (idle) {
                 erase(i); /* a later entry may shift into i: look at it again */
                 n++;
             } else {
@@ -610,7 +765,7 @@ int64_t nicd_flows_test_slot(const struct nicd_flow_key *k)
     pthread_mutex_lock(&lock);
     if (slots) {
         uint32_t i = find(k);
-        if (slots[i].used)
+        if (tag_at(i))
             at = i;
     }
     pthread_mutex_unlock(&lock);

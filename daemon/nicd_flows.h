@@ -1,5 +1,7 @@
 /*
- * Per-flow state of the soft NIC, shared by the queue threads (one mutex per table).
+ * Per-flow state of the soft NIC, shared by the queue threads: negotiated flows are found and
+ * updated without a lock shared between flows (nicd_flows.c says how); hellos (handshakes only)
+ * under one mutex. nicd_flows_init and _free run with no other thread in the tables.
  * A flow is keyed by its egress direction as this host sends it.
  *
  * Two tables, both indexed by SipHash-2-4 with a random key drawn at init (an attacker who
@@ -32,10 +34,12 @@ struct nicd_flow_key {
 };
 
 /* The flow's packets as conntrack saw them on their way out, before any NAT rewrote them
- * (nicd_queue.c, conntrack_view, asked at the handshake): what the packets the raw socket sends
- * must look like to be NATed as the connection's own. Addresses and ports in network order. */
+ * (nicd_conntrack.h: asked off the packet threads once the flow is negotiated): what the packets
+ * the raw socket sends must look like to be NATed as the connection's own. Addresses and ports
+ * in network order. */
 struct nicd_flow_view {
-    uint8_t known;     /* 0 or 1: as the hook sees them (0: not asked); 2: these addresses */
+    uint8_t known;     /* 0: no answer yet (nothing may leave by the raw socket); 1: as the hook
+                          sees them; 2: these addresses */
     uint32_t saddr, daddr;
     uint16_t sport, dport;
     uint8_t v6;        /* 1: IPv6, addresses in saddr6/daddr6 */
@@ -58,7 +62,6 @@ struct nicd_hello {
     uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
     uint8_t nonce[NICD_NONCE_LEN];
     uint64_t owner;    /* who the flow is charged to once negotiated (nicd_flows_owner_*) */
-    struct nicd_flow_view view; /* ANSWERED: asked when our SYN-ACK left */
 };
 
 /* Owners. The kernel names the local user of our SYN's socket (NFQA_UID): the initiator's flows
@@ -76,13 +79,20 @@ void nicd_flows_free(void);
 
 /* Record a negotiated flow, our ISN, the peer's and the MSS the peer advertised in its handshake
  * (what its segments toward it may carry; 0 if its SYN had no MSS option), charged to owner,
- * with its view (NULL: as the hook sees its packets), replacing an older entry of the key.
+ * replacing an older entry of the key. Its view is unknown (0) until nicd_flows_set_view.
  * Returns 0, NICD_FLOWS_FULL when the table is full, or NICD_FLOWS_OWNER_FULL when the owner
  * already holds owner_cap flows (the flow then simply stays raw). */
 #define NICD_FLOWS_FULL (-1)
 #define NICD_FLOWS_OWNER_FULL (-2)
 int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
-                         uint64_t owner, const struct nicd_flow_view *view);
+                         uint64_t owner);
+
+/* Store the view conntrack gave for flow k if k is still the connection of our ISN isn (not
+ * replaced by a newer one on the 4-tuple). Returns 1 if stored. */
+int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struct nicd_flow_view *v);
+
+/* How often a flow whose view is still unknown asks for it again (the request queue was full). */
+#define NICD_VIEW_RETRY_S 1
 
 /* Our own stack ends flow k. The entry serves only our direction (the peer restores its packets
  * without any state of ours, and compresses its own direction from its own table), so only our
@@ -123,6 +133,7 @@ struct nicd_flow_info {
     uint32_t high;      /* GIVE_UP: the end of the furthest range sent, */
     uint8_t high_byte;  /* and the original byte just before it, */
     uint8_t high_fin;   /* and whether a FIN followed it */
+    uint8_t ask_view;   /* the view is unknown and was last asked NICD_VIEW_RETRY_S ago: ask again */
     struct nicd_flow_view view;
 };
 
@@ -132,6 +143,9 @@ struct nicd_flow_info {
  * that ends no further than what was sent before) for the give-up above. */
 enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t seq, uint32_t len, uint8_t last,
                                        int fin, struct nicd_flow_info *fi);
+
+/* 1 if flow k is negotiated (a lookup, as the data path's). */
+int nicd_flows_known(const struct nicd_flow_key *k);
 
 /* Note that a compressed packet of the negotiated flow k arrived without the compressed mark;
  * returns 1 the first time for the flow (0 after, or if k is not negotiated). */

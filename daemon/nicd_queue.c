@@ -12,7 +12,6 @@
 #include <string.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_queue.h>
-#include <linux/netfilter/nfnetlink_conntrack.h>
 #include <linux/netlink.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -22,6 +21,7 @@
 #include <sys/uio.h>
 
 #include "inceptionn_codec.h"
+#include "nicd_conntrack.h"
 #include "nicd_flows.h"
 #include "nicd_packet.h"
 #include "nicd_pmtu.h"
@@ -43,6 +43,27 @@
 /* gso: compressed packets per super-packet at most (64 KB in MTU-sized packets that are each
  * smaller than what they cover: 45 at MTU 1500; a smaller MTU leaves the super-packet raw). */
 #define GSO_MAX_SEGS 64
+
+/* Built with -DNICD_PROFILE (NICD_PROFILE=1 make, daemon/build_ffi.py): where a queue thread's
+ * time goes, by phase, from clock_gettime around each; written when nicd_run returns, to the
+ * file $NICD_PROFILE_OUT names (appended) or stderr. docs/perf.md has the method and figures.
+ * Without the flag the macros are empty. */
+#ifdef NICD_PROFILE
+#define PROF_PHASES(X) X(POLL) X(RECV) X(HANDLE) X(FLOW) X(COMPRESS) X(SEND) X(RESTORE) X(VERDICT) X(VERDICT_IN)
+#define PROF_ENUM_(n) PH_##n,
+enum { PROF_PHASES(PROF_ENUM_) PH_N };
+static uint64_t prof_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+#define PROF_BEGIN(t) uint64_t t = prof_now()
+#define PROF_END(cx, ph, t) do { (cx)->prof_ns[PH_##ph] += prof_now() - (t); (cx)->prof_n[PH_##ph]++; } while (0)
+#else
+#define PROF_BEGIN(t) (void)0
+#define PROF_END(cx, ph, t) (void)0
+#endif
 
 /* One NFQNL_MSG_VERDICT message up to the payload attribute's data (all 4-byte aligned). */
 struct verdict_msg {
@@ -76,8 +97,10 @@ struct ctx {
     uint8_t stream[2048 * INC_MAX_GROUP_BYTES];
     int no_proto_cmsg; /* the kernel refused IP_PROTOCOL on the raw socket: sent without it */
     int no_proto6;     /* ... or the protocol in sin6_port on the IPv6 one */
-    int ct_fd;         /* ctnetlink: a flow's addresses before NAT (conntrack_view) */
-    uint32_t ct_seq;
+#ifdef NICD_PROFILE
+    uint64_t prof_ns[PH_N], prof_n[PH_N];
+    int in_handle;     /* a flush inside a packet's handling counts as VERDICT_IN too */
+#endif
 };
 
 #define COUNT(cx, name, v) ((cx)->st->c[NICD_C_##name] += (v))
@@ -114,8 +137,14 @@ static void flush(struct ctx *cx)
     struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
     struct msghdr mh = {.msg_name = &kernel, .msg_namelen = sizeof kernel,
                         .msg_iov = cx->iov, .msg_iovlen = (size_t)cx->niov};
+    PROF_BEGIN(t);
     if (sendmsg(cx->fd, &mh, 0) < 0)
         COUNT(cx, VERDICT_ERRORS, cx->n);
+    PROF_END(cx, VERDICT, t);
+#ifdef NICD_PROFILE
+    if (cx->in_handle)
+        PROF_END(cx, VERDICT_IN, t);
+#endif
     cx->n = 0, cx->niov = 0, cx->bytes = 0;
 }
 
@@ -219,18 +248,22 @@ static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
            o->tos_compressed == cx->cfg->tos_compressed;
 }
 
-static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_flow_key *k);
 static size_t egress_mtu(const struct ctx *cx, uint32_t ifindex, const struct nicd_pkt *p, int fresh);
 
-/* Count a negotiation's outcome (nicd_flows_negotiate's result). */
-static void count_negotiated(struct ctx *cx, int rc)
+/* Negotiate flow k and count the outcome. A negotiated flow's view before NAT is asked of the
+ * slow path (nicd_conntrack.h), never here: until it is answered, its super-packets leave raw. */
+static void negotiate(struct ctx *cx, const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn,
+                      uint16_t peer_mss, uint64_t owner)
 {
-    if (rc == NICD_FLOWS_OWNER_FULL)
+    int rc = nicd_flows_negotiate(k, isn, peer_isn, peer_mss, owner);
+    if (rc == NICD_FLOWS_OWNER_FULL) {
         COUNT(cx, FLOW_OWNER_FULL, 1);
-    else if (rc < 0)
+    } else if (rc < 0) {
         COUNT(cx, FLOW_TABLE_FULL, 1);
-    else
+    } else {
         COUNT(cx, FLOWS_NEGOTIATED, 1);
+        nicd_ct_ask(k, isn); /* a full queue: the flow asks again later (nicd_flows_egress) */
+    }
 }
 
 /* Our tagged SYN leaves: a new connection on this 4-tuple (any older negotiation is void);
@@ -260,9 +293,8 @@ static void egress_syn(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt 
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
 
-/* Our SYN-ACK leaves: answer the peer's hello if this SYN-ACK answers that very SYN. What the
- * flow's data packets will need of the kernel (its view before NAT, the path MTU) is asked now,
- * once, not on a data packet. */
+/* Our SYN-ACK leaves: answer the peer's hello if this SYN-ACK answers that very SYN. The path
+ * MTU its data packets will need is looked up now, once, not on a data packet. */
 static void egress_synack(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
                           const struct nicd_flow_key *k, struct ctx *cx)
 {
@@ -291,7 +323,6 @@ static void egress_synack(uint32_t id, struct nfq_data *nfa, const struct nicd_p
     h.state = NICD_HELLO_ANSWERED; /* a retransmitted SYN-ACK is answered again */
     h.isn = p->seq;
     h.tries = 0;
-    h.view = conntrack_view(cx, k);
     if (cx->cfg->gso)
         egress_mtu(cx, nfq_get_outdev(nfa), p, 0);
     if (nicd_hello_put(k, &h))
@@ -318,167 +349,6 @@ static size_t egress_mtu(const struct ctx *cx, uint32_t ifindex, const struct ni
     if (!fresh && nicd_pmtu_get(ifindex, p->v6, daddr, &mtu))
         return mtu;
     return nicd_pmtu_lookup(ifindex, p->v6, daddr);
-}
-
-/* ---- conntrack: the flow's packets before NAT -------------------------------------------- */
-
-static size_t nla_put(uint8_t *b, size_t at, uint16_t type, const void *v, uint16_t len)
-{
-    struct nlattr a = {.nla_len = (uint16_t)(NLA_HDRLEN + len), .nla_type = type};
-    memcpy(b + at, &a, sizeof a);
-    memcpy(b + at + NLA_HDRLEN, v, len);
-    return at + NLA_ALIGN(NLA_HDRLEN + len);
-}
-
-static void nla_nest_end(uint8_t *b, size_t start, size_t at, uint16_t type)
-{
-    struct nlattr a = {.nla_len = (uint16_t)(at - start), .nla_type = (uint16_t)(type | NLA_F_NESTED)};
-    memcpy(b + start, &a, sizeof a);
-}
-
-/* The attributes in [b, b + len), each bounds-checked before it is read. */
-#define FOR_NLA(a, b, len)                                                                      \
-    for (const uint8_t *a = (b); a + NLA_HDRLEN <= (b) + (len) &&                              \
-                                 nla_len_at(a) >= NLA_HDRLEN && a + nla_len_at(a) <= (b) + (len); \
-         a += NLA_ALIGN(nla_len_at(a)))
-
-static uint16_t nla_len_at(const uint8_t *a)
-{
-    struct nlattr h;
-    memcpy(&h, a, sizeof h);
-    return h.nla_len;
-}
-
-static uint16_t nla_type_at(const uint8_t *a)
-{
-    struct nlattr h;
-    memcpy(&h, a, sizeof h);
-    return h.nla_type & NLA_TYPE_MASK;
-}
-
-/* A CTA_TUPLE_* body into *v; 1 if it held addresses of v's family (v->v6) and TCP ports. */
-static int parse_tuple(const uint8_t *b, size_t len, struct nicd_flow_view *v)
-{
-    int got = 0;
-    FOR_NLA(a, b, len) {
-        const uint8_t *in = a + NLA_HDRLEN;
-        size_t inlen = nla_len_at(a) - NLA_HDRLEN;
-        if (nla_type_at(a) == CTA_TUPLE_IP) {
-            FOR_NLA(x, in, inlen) {
-                if (nla_len_at(x) < NLA_HDRLEN + (v->v6 ? 16 : 4))
-                    continue;
-                if (!v->v6 && nla_type_at(x) == CTA_IP_V4_SRC)
-                    memcpy(&v->saddr, x + NLA_HDRLEN, 4), got |= 1;
-                else if (!v->v6 && nla_type_at(x) == CTA_IP_V4_DST)
-                    memcpy(&v->daddr, x + NLA_HDRLEN, 4), got |= 2;
-                else if (v->v6 && nla_type_at(x) == CTA_IP_V6_SRC)
-                    memcpy(v->saddr6, x + NLA_HDRLEN, 16), got |= 1;
-                else if (v->v6 && nla_type_at(x) == CTA_IP_V6_DST)
-                    memcpy(v->daddr6, x + NLA_HDRLEN, 16), got |= 2;
-            }
-        } else if (nla_type_at(a) == CTA_TUPLE_PROTO) {
-            FOR_NLA(x, in, inlen) {
-                if (nla_len_at(x) < NLA_HDRLEN + 1)
-                    continue;
-                if (nla_type_at(x) == CTA_PROTO_NUM && x[NLA_HDRLEN] == IPPROTO_TCP)
-                    got |= 4;
-                else if (nla_type_at(x) == CTA_PROTO_SRC_PORT && nla_len_at(x) >= NLA_HDRLEN + 2)
-                    memcpy(&v->sport, x + NLA_HDRLEN, 2), got |= 8;
-                else if (nla_type_at(x) == CTA_PROTO_DST_PORT && nla_len_at(x) >= NLA_HDRLEN + 2)
-                    memcpy(&v->dport, x + NLA_HDRLEN, 2), got |= 16;
-            }
-        }
-    }
-    return got == 31;
-}
-
-/* Ask conntrack for the connection whose `which` tuple (CTA_TUPLE_ORIG or _REPLY) is t: 1 and its
- * original tuple in *orig, 0 if there is none, -1 if the answer did not come. */
-static int ct_get(struct ctx *cx, uint16_t which, const struct nicd_flow_view *t, struct nicd_flow_view *orig)
-{
-    union {
-        struct nlmsghdr h;
-        uint8_t b[256];
-    } req;
-    size_t at = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
-    memset(&req, 0, sizeof req);
-    struct nfgenmsg nfg = {.nfgen_family = t->v6 ? AF_INET6 : AF_INET, .version = NFNETLINK_V0};
-    memcpy(req.b + NLMSG_HDRLEN, &nfg, sizeof nfg);
-    size_t outer = at, ip, pr;
-    at += NLA_HDRLEN, ip = at, at += NLA_HDRLEN;
-    if (t->v6) {
-        at = nla_put(req.b, at, CTA_IP_V6_SRC, t->saddr6, 16);
-        at = nla_put(req.b, at, CTA_IP_V6_DST, t->daddr6, 16);
-    } else {
-        at = nla_put(req.b, at, CTA_IP_V4_SRC, &t->saddr, 4);
-        at = nla_put(req.b, at, CTA_IP_V4_DST, &t->daddr, 4);
-    }
-    nla_nest_end(req.b, ip, at, CTA_TUPLE_IP);
-    uint8_t proto = IPPROTO_TCP;
-    pr = at, at += NLA_HDRLEN;
-    at = nla_put(req.b, at, CTA_PROTO_NUM, &proto, 1);
-    at = nla_put(req.b, at, CTA_PROTO_SRC_PORT, &t->sport, 2);
-    at = nla_put(req.b, at, CTA_PROTO_DST_PORT, &t->dport, 2);
-    nla_nest_end(req.b, pr, at, CTA_TUPLE_PROTO);
-    nla_nest_end(req.b, outer, at, which);
-    req.h = (struct nlmsghdr){.nlmsg_len = (uint32_t)at, .nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET,
-                              .nlmsg_flags = NLM_F_REQUEST, .nlmsg_seq = ++cx->ct_seq};
-    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-    if (sendto(cx->ct_fd, req.b, at, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0)
-        return -1;
-    static _Thread_local union {
-        struct nlmsghdr h;
-        uint8_t b[16384];
-    } ans;
-    for (;;) {
-        ssize_t n = recv(cx->ct_fd, ans.b, sizeof ans.b, 0); /* SO_RCVTIMEO bounds the wait */
-        if (n < 0)
-            return -1;
-        for (struct nlmsghdr *h = &ans.h; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
-            if (h->nlmsg_seq != cx->ct_seq) /* a late answer to an earlier question */
-                continue;
-            if (h->nlmsg_type == NLMSG_ERROR)
-                return 0; /* ENOENT: no such connection (or the question was refused) */
-            size_t body = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(struct nfgenmsg));
-            if (h->nlmsg_len < body)
-                return -1;
-            orig->v6 = t->v6;
-            FOR_NLA(a, (const uint8_t *)h + body, h->nlmsg_len - body)
-                if (nla_type_at(a) == CTA_TUPLE_ORIG)
-                    return parse_tuple(a + NLA_HDRLEN, nla_len_at(a) - NLA_HDRLEN, orig) ? 1 : -1;
-            return -1;
-        }
-    }
-}
-
-/* What the packets of flow k (our egress direction, as the hook sees it) looked like when
- * conntrack took them (in LOCAL_OUT, before NAT). Asked once per flow at its handshake (up to
- * three ctnetlink round trips, 200 ms each at worst), never on a data packet; only the raw
- * socket's packets need it (none of that family: as the hook sees them). The
- * raw socket's packets re-enter the output path there, so with these addresses conntrack finds
- * the connection and NAT treats them as it treated the original; with the ones the hook sees
- * after a DNAT (nat OUTPUT, as kube-proxy's), conntrack takes them for a new connection and NAT
- * gives them a fresh source port. SNAT comes after the hook (nat POSTROUTING) and needs nothing.
- * The packet as it is now is the connection's original tuple (no DNAT), or its reply tuple (we
- * answer), or the reply tuple reversed is the connection's (a DNAT: its original tuple is the
- * view). None of them: not tracked, so no NAT either (or a DNAT and an SNAT of one flow, which
- * nicd cannot tell apart: its packets go astray, and the flow gives up compressing). */
-static struct nicd_flow_view conntrack_view(struct ctx *cx, const struct nicd_flow_key *k)
-{
-    struct nicd_flow_view now = {.known = 1, .saddr = k->saddr, .daddr = k->daddr, .sport = htons(k->sport),
-                                 .dport = htons(k->dport), .v6 = k->v6};
-    struct nicd_flow_view rev = {.saddr = now.daddr, .daddr = now.saddr, .sport = now.dport, .dport = now.sport,
-                                 .v6 = k->v6};
-    if (k->v6) {
-        memcpy(now.saddr6, k->saddr6, 16), memcpy(now.daddr6, k->daddr6, 16);
-        memcpy(rev.saddr6, k->daddr6, 16), memcpy(rev.daddr6, k->saddr6, 16);
-    }
-    struct nicd_flow_view o;
-    if (cx->ct_fd < 0 || (k->v6 ? cx->raw6_fd : cx->raw_fd) < 0 || ct_get(cx, CTA_TUPLE_ORIG, &now, &o) > 0 || ct_get(cx, CTA_TUPLE_REPLY, &now, &o) > 0 ||
-        ct_get(cx, CTA_TUPLE_REPLY, &rev, &o) <= 0)
-        return now;
-    o.known = 2;
-    return o;
 }
 
 /* Replace n bytes (n even, 16-bit aligned in the checksummed data) at at with to, updating the
@@ -705,7 +575,9 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs;
+    PROF_BEGIN(tc);
     ptrdiff_t r = cut_gso(cx, p, isn, mtu, &nsegs, tiers);
+    PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) {
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -716,7 +588,9 @@ static void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
         return;
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
+    PROF_BEGIN(ts);
     int too_big = send_segments(cx, p, rc, nsegs, p->payload_off);
+    PROF_END(cx, SEND, ts);
     if (too_big) {
         /* Refused for their size: the path MTU fell within the cached second. Look it up now and
          * send the whole super-packet again, cut to it: the ranges already out arrive twice,
@@ -782,7 +656,7 @@ static void give_up(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
      * middlebox counts it in the flow's end too, and the peer acknowledges it */
     t[13] = (uint8_t)((t[13] & TCP_ACK) | (fi->high_fin ? TCP_FIN : 0));
     nicd_finish(probe, len, p->tos); /* its length, the IPv4 header's and the TCP checksum */
-    if ((p->v6 ? cx->raw6_fd : cx->raw_fd) >= 0) {
+    if ((p->v6 ? cx->raw6_fd : cx->raw_fd) >= 0 && rc->view.known) {
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         flush(cx);
         if (send_one(cx, probe, len, p, rc) < 0)
@@ -793,7 +667,8 @@ static void give_up(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         return;
     }
-    /* no raw socket: the byte takes this packet's place; TCP resends the packet, raw */
+    /* no raw socket (or no view yet): the byte takes this packet's place; TCP resends the
+     * packet, raw */
     memcpy(OUT(cx), probe, len);
     verdict(id, NF_ACCEPT, OUT(cx), len, cx);
 }
@@ -847,12 +722,16 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
     }
 
     struct nicd_flow_info fi;
+    PROF_BEGIN(tf);
     enum nicd_flow_state fs = nicd_flows_egress(&k, p.seq, (uint32_t)p.payload_len,
                                                 p.ip[p.payload_off + p.payload_len - 1], p.tcp_flags & TCP_FIN, &fi);
+    PROF_END(cx, FLOW, tf);
     uint32_t isn = fi.isn;
+    if (fi.ask_view) /* its view is still unknown: the first request did not fit the queue */
+        nicd_ct_ask(&k, isn);
     /* what the raw socket's route lookup needs of the original (route_cmsgs) */
     struct route_ctx rc = {.ifindex = nfq_get_outdev(nfa), .mark = nfq_get_nfmark(nfa), .tos = p.tos,
-                           .view = fi.view}; /* the view was asked at the handshake */
+                           .view = fi.view};
     if (fs == NICD_FLOW_GIVE_UP) {
         give_up(id, nfa, &p, &fi, &rc, cx);
         return;
@@ -881,14 +760,22 @@ static void egress(struct nfq_data *nfa, struct ctx *cx)
         if (mtu > mss_len)
             mtu = mss_len;
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu) {
+            if (!rc.view.known) { /* NAT might take the raw socket's packets for another flow */
+                COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
+                COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);
+                verdict(id, NF_ACCEPT, NULL, 0, cx);
+                return;
+            }
             egress_gso(id, &p, isn, mtu, mss_len, &rc, cx);
             return;
         }
     }
     uint64_t tiers[4] = {0, 0, 0, 0};
+    PROF_BEGIN(tc);
     ptrdiff_t r = nicd_compress_codec(&p, p.seq - isn - 1, codec, cx->cfg->error_bound,
                                       (uint8_t)((p.tos & 3) | cx->cfg->tos_compressed), cx->echo, OUT(cx),
                                       sizeof OUT(cx), cx->scratch, tiers);
+    PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) { /* not compressed: any result that is no packet length */
         if (r == NICD_TOO_SHORT)
             COUNT(cx, EGRESS_RAW_SHORT, 1);
@@ -946,9 +833,7 @@ static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        /* asked here, at the handshake (conntrack has the connection since our SYN left) */
-        struct nicd_flow_view view = conntrack_view(cx, k);
-        count_negotiated(cx, nicd_flows_negotiate(k, h.isn, p->seq, mss_option(p), h.owner, &view));
+        negotiate(cx, k, h.isn, p->seq, mss_option(p), h.owner);
     }
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
@@ -965,7 +850,10 @@ static void ingress_hello(uint32_t id, const struct nicd_pkt *p,
 static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_key *k, struct ctx *cx)
 {
     struct nicd_hello h;
-    if (!nicd_hello_count() || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED || !h.agree)
+    /* the common case, a negotiated flow, answers without the hello table's lock: its hello is
+     * gone (our SYN-ACK forgets the flow before it answers a hello) */
+    if (!nicd_hello_count() || nicd_flows_known(k) || !nicd_hello_get(k, &h) || h.state != NICD_HELLO_ANSWERED ||
+        !h.agree)
         return;
     if (p->ack - h.isn - 1 >= CONFIRM_WINDOW || !(p->tcp_flags & TCP_ACK) ||
         nicd_echo(p) != (h.isn & NICD_ECHO_MASK)) {
@@ -975,7 +863,7 @@ static void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_ke
     }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    count_negotiated(cx, nicd_flows_negotiate(k, h.isn, h.peer_isn, h.peer_mss, h.owner, &h.view));
+    negotiate(cx, k, h.isn, h.peer_isn, h.peer_mss, h.owner);
 }
 
 /* Ingress: the peer's hello, and restoring compressed packets. Fails closed: a compressed
@@ -1032,8 +920,10 @@ static void ingress(struct nfq_data *nfa, struct ctx *cx)
 
     /* the mark the sender's codec stands for goes back on (codec 2: tos_scaled) */
     uint8_t mark = nicd_codec_of(&p) == NICD_CODEC_SCALED ? cx->cfg->tos_scaled : cx->cfg->tos_tagged;
+    PROF_BEGIN(tr);
     ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | mark), OUT(cx),
                                sizeof OUT(cx), cx->scratch);
+    PROF_END(cx, RESTORE, tr);
     if (r < 0) {
         switch (r) {
         case NICD_E_CHECKSUM: COUNT(cx, DROP_CHECKSUM, 1); break;
@@ -1075,7 +965,7 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
 
 /* A socket option (or queue binding) the daemon sets; which one goes into the bit of `warned` below. */
 enum sockopt_id { OPT_QUEUE_RCVBUF, OPT_QUEUE_SNDBUF, OPT_QUEUE_NO_ENOBUFS, OPT_RAW_SNDBUF, OPT_RAW_RECVERR,
-                  OPT_CT_RCVTIMEO, OPT_RAW_RECVERR6, OPT_BIND_PF6, OPT_UID_GID };
+                  OPT_RAW_RECVERR6, OPT_BIND_PF6, OPT_UID_GID };
 
 /* Say that a setting the kernel refused (`what`, errno e) costs `cost`: once per daemon (every
  * queue thread sets the same ones), on stderr as the daemon's log lines are. */
@@ -1109,7 +999,7 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     struct ctx *cx = calloc(1, sizeof *cx);
     char *rbuf = malloc((size_t)RECV_MSGS * RECV_BUF);
     if (cx)
-        cx->raw_fd = cx->raw6_fd = cx->ct_fd = -1;
+        cx->raw_fd = cx->raw6_fd = -1;
     struct nfq_handle *h = NULL;
     struct nfq_q_handle *qe = NULL, *qi = NULL;
     int rc = -1;
@@ -1130,16 +1020,6 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
      * leave raw. */
     if (cx->raw_fd >= 0)
         cx->raw6_fd = socket(AF_INET6, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
-    /* optional: without it, the raw socket's packets keep the addresses the hook sees */
-    if (cx->raw_fd >= 0 && (cx->ct_fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER)) >= 0) {
-        struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
-        if (sockopt(OPT_CT_RCVTIMEO, cx->ct_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv, "SO_RCVTIMEO on the "
-                    "conntrack socket", "a conntrack question without an answer would stall the queue, so "
-                    "conntrack is not asked: gso packets of a NATed flow keep the addresses the hook sees") < 0) {
-            close(cx->ct_fd);
-            cx->ct_fd = -1;
-        }
-    }
     if (cfg->gso && nicd_pmtu_init() < 0) { /* the path MTU lookups' sockets, shared (nicd_pmtu.h) */
         fail(err, errlen, "gso: cannot open a datagram socket", errno);
         goto out;
@@ -1218,7 +1098,9 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
     cfg->ready = 1;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     while (!cfg->stop) {
+        PROF_BEGIN(tp);
         int pr = poll(&pfd, 1, 100);
+        PROF_END(cx, POLL, tp);
         if (pr < 0 && errno != EINTR) {
             fail(err, errlen, "poll", errno);
             goto out;
@@ -1228,7 +1110,9 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         /* Drain what is there before polling again: one poll, many packets, several per
          * system call; the verdicts go back in batches. */
         for (;;) {
+            PROF_BEGIN(tr);
             int got = recvmmsg(fd, mm, RECV_MSGS, MSG_DONTWAIT, NULL);
+            PROF_END(cx, RECV, tr);
             if (got < 0) {
                 if (errno == ENOBUFS) {
                     COUNT(cx, RECV_ENOBUFS, 1);
@@ -1236,12 +1120,42 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
                 }
                 break; /* EAGAIN: drained */
             }
-            for (int i = 0; i < got; i++)
+            for (int i = 0; i < got; i++) {
+                PROF_BEGIN(th);
+#ifdef NICD_PROFILE
+                cx->in_handle = 1;
+#endif
                 nfq_handle_packet(h, rio[i].iov_base, (int)mm[i].msg_len);
+#ifdef NICD_PROFILE
+                cx->in_handle = 0;
+#endif
+                PROF_END(cx, HANDLE, th);
+            }
         }
         flush(cx);
     }
     rc = 0;
+#ifdef NICD_PROFILE
+    { /* one line per queue thread: phase calls/total-us; HANDLE includes FLOW ... VERDICT_IN */
+        const char *path = getenv("NICD_PROFILE_OUT");
+        FILE *f = path ? fopen(path, "a") : NULL;
+        static const char *const names[] = {
+#define PROF_NAME_(n) #n,
+            PROF_PHASES(PROF_NAME_)
+#undef PROF_NAME_
+        };
+        char line[1024];
+        int at = snprintf(line, sizeof line, "nicd-profile pid %d queues %u/%u gso %d accept_only %d egress %llu ingress %llu",
+                          (int)getpid(), cfg->egress_queue, cfg->ingress_queue, cfg->gso, cfg->accept_only,
+                          (unsigned long long)st->c[NICD_C_EGRESS_PACKETS], (unsigned long long)st->c[NICD_C_INGRESS_PACKETS]);
+        for (int i = 0; i < PH_N && at > 0 && (size_t)at < sizeof line; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %llu/%llu", names[i],
+                           (unsigned long long)cx->prof_n[i], (unsigned long long)(cx->prof_ns[i] / 1000));
+        fprintf(f ? f : stderr, "%s\n", line);
+        if (f)
+            fclose(f);
+    }
+#endif
 out:
     if (qe)
         nfq_destroy_queue(qe);
@@ -1253,8 +1167,6 @@ out:
         close(cx->raw_fd);
     if (cx && cx->raw6_fd >= 0)
         close(cx->raw6_fd);
-    if (cx && cx->ct_fd >= 0)
-        close(cx->ct_fd);
     free(rbuf);
     free(cx);
     return rc;

@@ -70,7 +70,9 @@
     X(EGRESS_RAW_EXT_HEADER, "tagged IPv6 packets with an extension header before TCP, sent raw " \
                              "(never transformed)")                                              \
     X(DROP_EXT_HEADER, "IPv6 packets marked compressed with an extension header before TCP "     \
-                       "(no soft NIC sends one), dropped")
+                       "(no soft NIC sends one), dropped")                                       \
+    X(EGRESS_RAW_VIEW_PENDING, "gso: tagged super-packets of negotiated flows sent raw because "  \
+                               "conntrack had not yet said how NAT sees the flow")
 
 #define NICD_C_ENUM_(name, help) NICD_C_##name,
 enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };

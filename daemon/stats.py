@@ -176,7 +176,8 @@ def format_stats(s: dict) -> str:
         f"egress : {c['egress_packets']} packets, {c['egress_compressed']} compressed "
         f"({c['egress_orig_bytes']} -> {c['egress_wire_bytes']} payload bytes, {ratio:.2f}x); raw: "
         f"{c['egress_raw_not_negotiated']} not negotiated, {c['egress_raw_not_smaller']} not smaller, "
-        f"{c['egress_raw_short']} short, {c['egress_raw_ext_header']} IPv6 extension headers "
+        f"{c['egress_raw_short']} short, {c['egress_raw_ext_header']} IPv6 extension headers, "
+        f"{c['egress_raw_view_pending']} awaiting conntrack "
         f"({c['egress_raw_bytes']} bytes; {raw_edge_bytes(c)} bytes of cut floats raw in compressed "
         "packets)",
         f"ingress: {c['ingress_packets']} packets, {c['ingress_restored']} restored "

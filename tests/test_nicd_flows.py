@@ -2,12 +2,19 @@
 SipHash-2-4 against the reference vectors, backward-shift deletion inside a probe chain, a full
 table, the hello table's eviction order, expiry, and the one winner of nicd_hello_take. The
 tables get known keys and a clock the test moves (the nicd_flows_test_* hooks), so every slot
-and set is computed here, not guessed. Also: the counter names come from the C side."""
+and set is computed here, not guessed. Also: the counter names come from the C side; the slow
+path's conntrack requests (daemon/nicd_conntrack.c) reach the flow they were asked for; the
+table under concurrent threads (daemon/tests/stress_nicd_flows.c, under TSan and ASan)."""
 from __future__ import annotations
 
 import itertools
+import re
+import socket
 import struct
+import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +126,7 @@ def test_siphash_reference_vectors():
 
 def test_table_and_nonce_use_siphash_with_their_keys(tables):
     k = key(1234)
-    assert lib.nicd_flows_negotiate(k, 77, 0, 1460, OWNER, ffi.NULL) == 0
+    assert lib.nicd_flows_negotiate(k, 77, 0, 1460, OWNER) == 0
     assert slot(k) == home(k)
     nonce = ffi.new("uint8_t[6]")
     lib.nicd_flows_nonce(k, 0xDEADBEEF, nonce)
@@ -134,7 +141,7 @@ def test_deletion_inside_a_probe_chain_shifts_back(tables):
     a, b, c = keys_where(lambda k: home(k) == h, 3)
     (f,) = keys_where(lambda k: home(k) == 0, 1)
     for k, isn in ((a, 1), (b, 2), (f, 3), (c, 4)):
-        assert lib.nicd_flows_negotiate(k, isn, 0, 1460, OWNER, ffi.NULL) == 0
+        assert lib.nicd_flows_negotiate(k, isn, 0, 1460, OWNER) == 0
     assert [slot(k) for k in (a, b, f, c)] == [62, 63, 0, 1]
 
     lib.nicd_flows_forget(b)
@@ -151,13 +158,13 @@ def test_deletion_inside_a_probe_chain_shifts_back(tables):
 def test_a_full_table_refuses_new_flows_only(tables):
     ks = keys_where(lambda k: True, CAPACITY * 3 // 4 + 1)
     for i, k in enumerate(ks[:-1]):
-        assert lib.nicd_flows_negotiate(k, i, 0, 1460, OWNER, ffi.NULL) == 0
-    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER, ffi.NULL) == -1  # 3/4 full: new flows stay raw
+        assert lib.nicd_flows_negotiate(k, i, 0, 1460, OWNER) == 0
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER) == -1  # 3/4 full: new flows stay raw
     assert negotiated(ks[-1]) is None
-    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460, OWNER, ffi.NULL) == 0  # a known flow is still replaced
+    assert lib.nicd_flows_negotiate(ks[0], 1000, 0, 1460, OWNER) == 0  # a known flow is still replaced
     assert [negotiated(k) for k in ks[:-1]] == [1000] + list(range(1, len(ks) - 1))
     lib.nicd_flows_forget(ks[5])
-    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER, ffi.NULL) == 0 and negotiated(ks[-1]) == 99
+    assert lib.nicd_flows_negotiate(ks[-1], 99, 0, 1460, OWNER) == 0 and negotiated(ks[-1]) == 99
     assert expire() == (0, CAPACITY * 3 // 4, 0)
 
 
@@ -174,14 +181,14 @@ def test_one_owner_cannot_fill_the_table():
         ks = keys_where(lambda k: True, 40)
         users = [(1 << 32) | uid for uid in range(8)]
         for k in ks[:5]:
-            assert lib.nicd_flows_negotiate(k, 1, 0, 1460, users[0], ffi.NULL) == 0
-        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0], ffi.NULL) == lib.NICD_FLOWS_OWNER_FULL == -2
+            assert lib.nicd_flows_negotiate(k, 1, 0, 1460, users[0]) == 0
+        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0]) == lib.NICD_FLOWS_OWNER_FULL == -2
         assert negotiated(ks[5]) is None and owned(users[0]) == 5
         for i, k in enumerate(ks[5:30]):  # five other users, five flows each: all fit
-            assert lib.nicd_flows_negotiate(k, 2, 0, 1460, users[1 + i // 5], ffi.NULL) == 0
+            assert lib.nicd_flows_negotiate(k, 2, 0, 1460, users[1 + i // 5]) == 0
         assert [owned(u) for u in users] == [5] * 6 + [0, 0]
         # a key negotiated again (a new connection on the 4-tuple) moves to its new owner
-        assert lib.nicd_flows_negotiate(ks[0], 3, 0, 1460, users[6], ffi.NULL) == 0
+        assert lib.nicd_flows_negotiate(ks[0], 3, 0, 1460, users[6]) == 0
         assert owned(users[0]) == 4 and owned(users[6]) == 1
         # forget (a new SYN), RST, and expiry each give the owner its place back
         lib.nicd_flows_forget(ks[1])
@@ -192,28 +199,93 @@ def test_one_owner_cannot_fill_the_table():
         assert owned(users[0]) == 2
         lib.nicd_flows_test_advance((lib.NICD_FIN_LINGER_S + 1) * 1000)
         assert expire()[0] == 2 and owned(users[0]) == 0
-        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0], ffi.NULL) == 0
+        assert lib.nicd_flows_negotiate(ks[5], 1, 0, 1460, users[0]) == 0
         # owner 0 (none given) is an owner of its own, never a free slot
-        assert lib.nicd_flows_negotiate(ks[30], 1, 0, 1460, 0, ffi.NULL) == 0 and owned(3 << 32) == 1
+        assert lib.nicd_flows_negotiate(ks[30], 1, 0, 1460, 0) == 0 and owned(3 << 32) == 1
         lib.nicd_flows_test_advance(31_000)
         assert expire() == (27, 0, 0) and [owned(u) for u in users] == [0] * 8 and owned(3 << 32) == 0
     finally:
         lib.nicd_flows_free()
 
 
-def test_the_handshakes_view_reaches_the_data_path(tables):
-    """The view conntrack gave at the handshake is what every data packet of the flow gets."""
+def test_the_slow_paths_view_reaches_the_data_path_of_that_connection_only(tables):
+    """A negotiated flow's view is unknown (0: its super-packets leave raw) until the slow path
+    stores conntrack's answer; the answer is stored only for the connection (our ISN) it was asked
+    for, never for a newer one on the 4-tuple; a flow whose view is still unknown asks again
+    after NICD_VIEW_RETRY_S (its first request may not have fit the queue)."""
     k = key(4321)
-    v = ffi.new("struct nicd_flow_view *")
-    v.known, v.saddr, v.daddr, v.sport, v.dport = 2, 0x0A00_000A, 0x0B00_000B, 1234, 80
-    assert lib.nicd_flows_negotiate(k, 9, 0, 1460, OWNER, v) == 0
+    assert lib.nicd_flows_negotiate(k, 9, 0, 1460, OWNER) == 0
     fi = ffi.new("struct nicd_flow_info *")
     assert lib.nicd_flows_egress(k, 10, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
-    assert (fi.view.known, fi.view.saddr, fi.view.daddr, fi.view.sport, fi.view.dport) == \
-        (2, 0x0A00_000A, 0x0B00_000B, 1234, 80)
-    k2 = key(4322)
-    assert lib.nicd_flows_negotiate(k2, 9, 0, 1460, OWNER, ffi.NULL) == 0
-    assert lib.nicd_flows_egress(k2, 10, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS and fi.view.known == 0
+    assert fi.view.known == 0 and fi.ask_view == 0  # asked when it was negotiated
+    v = ffi.new("struct nicd_flow_view *")
+    v.known, v.saddr, v.daddr, v.sport, v.dport = 2, 0x0A00_000A, 0x0B00_000B, 1234, 80
+    assert lib.nicd_flows_set_view(k, 8, v) == 0  # an answer for another connection's ISN
+    lib.nicd_flows_test_advance(lib.NICD_VIEW_RETRY_S * 1000)
+    assert lib.nicd_flows_egress(k, 11, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
+    assert fi.view.known == 0 and fi.ask_view == 1  # still unknown: ask again,
+    assert lib.nicd_flows_egress(k, 12, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS and fi.ask_view == 0  # once
+    assert lib.nicd_flows_set_view(k, 9, v) == 1
+    assert lib.nicd_flows_egress(k, 13, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
+    assert (fi.view.known, fi.view.saddr, fi.view.daddr, fi.view.sport, fi.view.dport, fi.ask_view) == \
+        (2, 0x0A00_000A, 0x0B00_000B, 1234, 80, 0)
+    assert lib.nicd_flows_set_view(key(4322), 9, v) == 0  # no such flow
+
+
+def wait_answered(n: int) -> None:
+    deadline = time.monotonic() + 5
+    while lib.nicd_ct_answered() < n:
+        assert time.monotonic() < deadline, "the slow path did not answer"
+        time.sleep(0.005)
+
+
+def test_the_slow_path_answers_off_the_asking_thread(tables):
+    """nicd_ct_ask only posts: the conntrack thread asks (one question per flow) and stores the
+    answer in the flow. Nothing here is tracked by conntrack (no such connection in this
+    namespace): the answer is 'as the hook sees them' (1), with the flow's own addresses; that is
+    also the answer without a thread (no ctnetlink)."""
+    k = key(5555)
+    assert lib.nicd_flows_negotiate(k, 21, 0, 1460, OWNER) == 0
+    fi = ffi.new("struct nicd_flow_info *")
+    before, asked = lib.nicd_ct_answered(), lib.nicd_ct_questions()
+    assert lib.nicd_ct_ask(k, 21) == 0  # no thread: answered at once, no question asked
+    assert lib.nicd_ct_answered() == before + 1 and lib.nicd_ct_questions() == asked
+    assert lib.nicd_flows_egress(k, 22, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS and fi.view.known == 1
+    assert lib.nicd_ct_start() == 0, "no ctnetlink here (run as root)"
+    try:
+        k2 = key(5556)
+        assert lib.nicd_flows_negotiate(k2, 31, 0, 1460, OWNER) == 0
+        before = lib.nicd_ct_answered()
+        assert lib.nicd_ct_ask(k2, 31) == 0
+        wait_answered(before + 1)
+        assert lib.nicd_ct_questions() == asked + 1  # one question, not three
+        assert lib.nicd_flows_egress(k2, 32, 1, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
+        assert (fi.view.known, fi.view.saddr, fi.view.daddr) == (1, k2.saddr, k2.daddr)
+        assert (fi.view.sport, fi.view.dport) == (socket.htons(5556), socket.htons(5000))
+    finally:
+        lib.nicd_ct_stop()
+
+
+def test_a_full_request_queue_refuses_without_blocking(tables):
+    """The queue threads never wait for the slow path: with NICD_CT_QUEUE requests that its
+    thread has not taken (held here by the test hook), nicd_ct_ask says -1 at once; let go, the
+    thread answers every request it took."""
+    k = key(6000)
+    assert lib.nicd_flows_negotiate(k, 41, 0, 1460, OWNER) == 0
+    assert lib.nicd_ct_start() == 0
+    try:
+        lib.nicd_ct_test_hold(1)
+        before = lib.nicd_ct_answered()
+        t0 = time.monotonic()
+        assert all(lib.nicd_ct_ask(k, 41) == 0 for _ in range(lib.NICD_CT_QUEUE))
+        assert lib.nicd_ct_ask(k, 41) == -1 and lib.nicd_ct_ask(k, 41) == -1
+        assert time.monotonic() - t0 < 1.0 and lib.nicd_ct_answered() == before
+        lib.nicd_ct_test_hold(0)
+        wait_answered(before + lib.NICD_CT_QUEUE)
+        assert lib.nicd_ct_ask(k, 41) == 0  # room again
+    finally:
+        lib.nicd_ct_test_hold(0)
+        lib.nicd_ct_stop()
 
 
 def test_rst_removes_and_fin_lingers(tables):
@@ -221,7 +293,7 @@ def test_rst_removes_and_fin_lingers(tables):
     NICD_FIN_LINGER_S idle seconds (each one refreshes it), not the idle timeout (30 s here)."""
     a, b, c = keys_where(lambda k: True, 3)
     for k in (a, b, c):
-        assert lib.nicd_flows_negotiate(k, 7, 0, 1460, OWNER, ffi.NULL) == 0
+        assert lib.nicd_flows_negotiate(k, 7, 0, 1460, OWNER) == 0
     assert lib.nicd_flows_close(a, 1) == 1 and negotiated(a) is None and slot(a) == -1
     assert lib.nicd_flows_close(a, 1) == 0  # nothing left to remove
     assert lib.nicd_flows_close(b, 0) == 1 and lib.nicd_flows_close(b, 0) == 0  # the FIN counted once
@@ -284,7 +356,7 @@ def test_idle_flows_and_stale_hellos_expire(tables):
     a, b = keys_where(lambda k: home(k) == 7, 2)
     (c,) = keys_where(lambda k: home(k) not in (7, 8), 1)
     for k in (a, b, c):
-        assert lib.nicd_flows_negotiate(k, 5, 0, 1460, OWNER, ffi.NULL) == 0
+        assert lib.nicd_flows_negotiate(k, 5, 0, 1460, OWNER) == 0
     lib.nicd_flows_test_advance(20_000)
     assert negotiated(b) == 5  # use refreshes its clock
     lib.nicd_flows_test_advance(15_000)
@@ -353,3 +425,35 @@ def test_every_setting_the_c_loop_reads_has_its_field():
     assert wanted == {"tos_tagged", "tos_scaled", "tos_compressed", "tos_hello", "error_bound", "queue_maxlen",
                       "accept_only", "gso"}
     assert wanted <= set(fields)
+
+
+@pytest.mark.parametrize("build", ["tsan", "san"])
+def test_the_table_under_concurrent_readers_and_writers(build):
+    """daemon/tests/stress_nicd_flows.c: queue threads look flows up and update them without a
+    shared lock while writers negotiate, replace, close and expire entries in one long probe
+    chain (every deletion shifts it under the readers). No wrong or torn entry, no false miss or
+    hit, the books balance; under ThreadSanitizer (no data race) and ASan + UBSan."""
+    root = Path(__file__).resolve().parent.parent
+    target = f"build/stress_nicd_flows_{build}"
+    subprocess.run(["make", "-s", "--no-print-directory", target], cwd=root, check=True)
+    r = subprocess.run([root / target, "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING: ThreadSanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr
+    m = re.search(r"(\d+) lookups \((\d+) hits\), (\d+) negotiations, 0 failures", r.stdout)
+    assert m and int(m.group(2)) > 1000 and int(m.group(3)) > 1000, r.stdout
+
+
+@pytest.mark.parametrize("build", ["tsan", "san"])
+def test_the_request_queue_under_concurrent_producers(build):
+    """daemon/tests/stress_nicd_conntrack.c: four queue threads post conntrack requests at once
+    while the conntrack thread drains them, then against a held thread and a full queue: every
+    posted request answered exactly once, a held thread answers nothing, a full queue refuses,
+    every flow ends with its view; under ThreadSanitizer and ASan + UBSan."""
+    root = Path(__file__).resolve().parent.parent
+    target = f"build/stress_nicd_conntrack_{build}"
+    subprocess.run(["make", "-s", "--no-print-directory", target], cwd=root, check=True)
+    r = subprocess.run([root / target], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING: ThreadSanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr
+    m = re.search(r"(\d+) requests answered, (\d+) refused \(queue full\), 0 failures", r.stdout)
+    assert m and int(m.group(1)) > 1000 and int(m.group(2)) > 0, r.stdout

@@ -321,7 +321,7 @@ def test_flow_table_keys_ipv6_flows_by_their_addresses():
         c = flow_key(ffi, False, "198.18.0.1", "198.18.0.2")
         mapped = flow_key(ffi, True, "::ffff:198.18.0.1", "::ffff:198.18.0.2")
         for i, k in enumerate((a, b, c, mapped)):
-            assert lib.nicd_flows_negotiate(k, 100 + i, 200 + i, 1400 + i, 1, ffi.NULL) == 0
+            assert lib.nicd_flows_negotiate(k, 100 + i, 200 + i, 1400 + i, 1) == 0
         fi = ffi.new("struct nicd_flow_info *")
         for i, k in enumerate((a, b, c, mapped)):
             assert lib.nicd_flows_egress(k, 101 + i, 10, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
