@@ -43,7 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -287,19 +286,6 @@ static void ring_keys(const struct endpoint *all, int size, uint8_t secret[RING_
     ring_sha256_final(&c, secret);
 }
 
-static int random_bytes(uint8_t *out, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t m = getrandom(out + got, n - got, 0);
-        if (m < 0 && errno != EINTR)
-            return -1;
-        if (m > 0)
-            got += (size_t)m;
-    }
-    return 0;
-}
-
 static void close_ring(struct ring *r)
 {
     if (r->send_fd >= 0)
@@ -353,7 +339,7 @@ static void setup(struct ring *r)
     }
     struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port,
                           .mode = cfg.mode, .k = cfg.k, .chunk = (int32_t)cfg.chunk};
-    if (ok && random_bytes(me.contrib, sizeof me.contrib) != 0) {
+    if (ok && ring_random_bytes(me.contrib, sizeof me.contrib) != 0) {
         snprintf(why, sizeof why, "getrandom: %s", strerror(errno));
         ok = 0;
     }

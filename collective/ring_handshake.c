@@ -65,11 +65,11 @@ static int same(const uint8_t *a, const uint8_t *b, size_t n)    /* constant tim
     return d == 0;
 }
 
-static int nonce(uint8_t *out)
+int ring_random_bytes(uint8_t *out, size_t len)
 {
     size_t got = 0;
-    while (got < NONCE) {
-        ssize_t n = getrandom(out + got, NONCE - got, 0);
+    while (got < len) {
+        ssize_t n = getrandom(out + got, len - got, 0);
         if (n < 0 && errno != EINTR)
             return -1;
         if (n > 0)
@@ -134,7 +134,8 @@ static int accept_step(const struct ring_hs *p, struct conn *c, int left)
     if (c->stage == 1 && c->got == c->need) {
         float h[HELLO_F];
         memcpy(h, c->in, sizeof h);
-        if (!hello_ok(p, h, left) || ring_hs_decode(h + 4, NONCE, c->nc) != 0 || nonce(c->na) != 0)
+        if (!hello_ok(p, h, left) || ring_hs_decode(h + 4, NONCE, c->nc) != 0 ||
+            ring_random_bytes(c->na, NONCE) != 0)
             return -1;
         uint8_t m[MAC];
         mac(p, 'A', left, p->rank, c->nc, c->na, m);
@@ -219,7 +220,7 @@ int ring_handshake(const struct ring_hs *p, int *send_fd, int *recv_fd, int *ref
     *refused = 0;
     *send_fd = *recv_fd = -1;
     fcntl(p->lfd, F_SETFL, fcntl(p->lfd, F_GETFL) | O_NONBLOCK);
-    if (nonce(out.nc) != 0) {
+    if (ring_random_bytes(out.nc, NONCE) != 0) {
         snprintf(why, whylen, "getrandom: %s", strerror(errno));
         return -1;
     }

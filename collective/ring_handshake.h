@@ -40,6 +40,9 @@ struct ring_hs {
 
 /* 0 with *send_fd (to the right) and *recv_fd (from the left) proven; -1 with why filled in.
  * *refused counts the connections closed unproven. */
+/* len bytes from getrandom() (the secret's shares, the nonces); 0, or -1 with errno */
+int ring_random_bytes(uint8_t *out, size_t len);
+
 int ring_handshake(const struct ring_hs *p, int *send_fd, int *recv_fd, int *refused, char *why, size_t whylen);
 
 #endif
