@@ -40,7 +40,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/inceptionn bench codec
 
 test: $(VENV)/.installed $(CODEC_UNIT_TESTS) $(FUZZ_TARGETS) test-portable
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=30 tests
 
 # The codec suites once more on the portable paths every x86-64 CPU has: the C codecs' scalar
 # code, numpy's baseline loops (every dispatched feature disabled), OpenBLAS's oldest kernels.

@@ -504,6 +504,8 @@ def connect(endpoint: str, *, bind_addr: str | None, key: GroupKey, rank: int, p
             tos: int, counters: PlaneCounters, timeout: float | None, connect_timeout: float = 60.0) -> Conn:
     """Open a connection of ``kind`` to ``peer`` and prove it (the handshake above) within
     ``connect_timeout``; tagged kinds get ``tos`` before connect()."""
+    from ..shim.tagging import GRADIENT_TOS, tag_socket
+
     host, port = parse_endpoint(endpoint)
     deadline = time.monotonic() + connect_timeout
     delay = 0.02
@@ -511,7 +513,6 @@ def connect(endpoint: str, *, bind_addr: str | None, key: GroupKey, rank: int, p
         sock = socket.socket(address_family(host), socket.SOCK_STREAM)
         try:
             if kind.tagged:
-                from ..shim.tagging import tag_socket
                 tag_socket(sock, tos)
             if bind_addr and bind_addr not in ("0.0.0.0", "::"):
                 sock.bind((bind_addr, 0))   # source address on the chosen interface
@@ -528,6 +529,11 @@ def connect(endpoint: str, *, bind_addr: str | None, key: GroupKey, rank: int, p
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
     try:
+        if kind.tagged and tos != GRADIENT_TOS:
+            # The handshake's floats (integers >= 1) arrive exact only under the paper's mark, which
+            # sends floats >= 1.0 verbatim; the per-packet scaled mark (0x24) would scale them below
+            # 1.0 and round them. The mark is the packet's, so the flow itself stays negotiated.
+            tag_socket(sock, GRADIENT_TOS)
         nonce_o = os.urandom(NONCE_BYTES)
         sock.sendall(hello_msg(key, rank, kind, nonce_o))
         v = np.frombuffer(_recv_exact(sock, CHALLENGE_FLOATS * 4, deadline), dtype=np.float32)
@@ -538,6 +544,8 @@ def connect(endpoint: str, *, bind_addr: str | None, key: GroupKey, rank: int, p
             raise ConnectionError(f"rank {rank}: the listener at {endpoint} could not prove it is rank {peer} of "
                                   "this group (it does not know the group's secret)")
         sock.sendall(encode16(key.mac(b"O", rank, peer, int(kind), nonce_o, nonce_a)).tobytes())
+        if kind.tagged and tos != GRADIENT_TOS:
+            tag_socket(sock, tos)
         _set_common(sock, timeout)
     except ConnectionError:
         sock.close()
