@@ -17,6 +17,10 @@ Inputs, ``--values`` per rank:
          parallel gradients are correlated: the same model, different samples)
   heavy  heavy-tailed synthetic values, independent per rank: random sign x 10^-3 x e^(2 z)
 
+For inceptionn the wire transform's dials can be compared (simulated only; the ring runs the
+defaults): ``--error-bound`` (the codec's bound), ``--block`` (values per exponent) and
+``--headroom`` (each scaled block's max in [2^(-1-h), 2^-h) instead of [0.5, 1)).
+
 Per (set, N, codec): NMSE of the result against the float64 sum of the inputs, and the
 compression ratio: float32 bytes of the values every link carries / the bytes the codec puts on
 the wire for them (for inceptionn what the soft NIC's codec makes of the wire floats, exponents
