@@ -17,6 +17,10 @@ Inputs, ``--values`` per rank:
          parallel gradients are correlated: the same model, different samples)
   heavy  heavy-tailed synthetic values, independent per rank: random sign x 10^-3 x e^(2 z)
 
+For inceptionn the wire transform's dials can be compared (simulated only; the ring runs the
+defaults): ``--error-bound`` (the codec's bound), ``--block`` (values per exponent) and
+``--headroom`` (each scaled block's max in [2^(-1-h), 2^-h) instead of [0.5, 1)).
+
 Per (set, N, codec): NMSE of the result against the float64 sum of the inputs, and the
 compression ratio: float32 bytes of the values every link carries / the bytes the codec puts on
 the wire for them (for inceptionn what the soft NIC's codec makes of the wire floats, exponents
@@ -82,7 +86,7 @@ def exact_sum(x: Inputs, world: int, codec) -> tuple[np.ndarray, float]:
 
 
 def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int, chunk: int, block: int,
-            ref: np.ndarray, seed: int) -> dict:
+            ref: np.ndarray, seed: int, headroom: int | None = None) -> dict:
     from ..codecs import applicable, get_codec
     from ..collective import scaling as sc
     from ..collective.ring import simulate_ring
@@ -115,8 +119,10 @@ def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int,
         def values(r, a, b):
             return x(r, a, b) * factor[a:b]
     t = time.perf_counter()
+    from ..codecs.blockscale import HEADROOM
     out = simulate_ring(x.n, world, values, chunk_values=unit, mode=mode, codec=codec,
-                        scaled=variant == "after" and codec.wants_scaling, block=block, count=count)
+                        scaled=variant == "after" and codec.wants_scaling, block=block,
+                        headroom=HEADROOM if headroom is None else headroom, count=count)
     seconds = time.perf_counter() - t
     if factor is not None:
         out = out / factor               # exact: powers of two
@@ -147,10 +153,11 @@ def run(args) -> int:
     if any(s not in SETS for s in sets):
         raise UserError(f"--sets takes {', '.join(SETS)}, got {args.sets!r}")
     blocks = parse_list(args.block, "--block", 1, 65536)
+    from ..codecs.blockscale import MAX_HEADROOM
+    headrooms = parse_list(args.headroom, "--headroom", 0, MAX_HEADROOM)
+    bounds = parse_list(args.error_bound, "--error-bound", -30, -1)
     if args.values < 1:
         raise UserError("--values must be at least 1")
-    if not -30 <= args.error_bound <= -1:
-        raise UserError(f"--error-bound must be in -30..-1, got {args.error_bound}")
     if args.noise < 0:
         raise UserError("--noise must be >= 0")
     rows = []
@@ -160,31 +167,45 @@ def run(args) -> int:
             ref, _ = exact_sum(x, world, None)
             for name in codecs:
                 variants = ["before", "after"] if name == "inceptionn" and not args.after_only else ["after"]
+                per_value = name == "inceptionn"          # the only codec the bound and block apply to
                 for variant in variants:
-                    for block in (blocks if name == "inceptionn" and variant == "after" else [None]):
-                        row = run_one(x, world, name, variant, error_bound=args.error_bound, chunk=args.chunk,
-                                      block=block or blocks[0], ref=ref, seed=args.seed)
-                        row.update(set=kind, block=block)
+                    dials = [(k, b, h) for k in (bounds if per_value else [bounds[0]])
+                             for b in (blocks if per_value and variant == "after" else [None])
+                             for h in (headrooms if per_value and variant == "after" else [None])]
+                    for k, block, h in dials:
+                        row = run_one(x, world, name, variant, error_bound=k, chunk=args.chunk,
+                                      block=block or blocks[0], ref=ref, seed=args.seed, headroom=h)
+                        row.update(set=kind, block=block, headroom=h, error_bound=k if per_value else None)
                         rows.append(row)
-                        log(f"{kind} N={world} {name} {variant}{f' block {block}' if block else ''}: NMSE "
+                        dial = (f" 2^{k}" if per_value else "") + (f" block {block} headroom {h}" if block else "")
+                        log(f"{kind} N={world} {name} {variant}{dial}: NMSE "
                             f"{row['nmse']:.3g}, ratio {row['ratio']:.2f}x ({row['seconds']:.1f} s)")
     if args.json:
-        print(json.dumps({"values": args.values, "error_bound": args.error_bound, "chunk": args.chunk,
+        print(json.dumps({"values": args.values, "chunk": args.chunk,
                           "noise": args.noise, "seed": args.seed, "rows": rows}, indent=1))
         return 0
-    print(f"ring simulated: {args.values} values per rank, error bound 2^{args.error_bound}, chunk {args.chunk}, "
-          "one call, no error feedback")
-    print(f"{'set':6} {'codec':11} {'variant':7} {'block':>5} " + " ".join(f"{'N=' + str(n):>17}" for n in ranks))
-    keys = sorted({(r["set"], r["codec"], r["variant"], r["block"]) for r in rows},
-                  key=lambda k: (sets.index(k[0]), codecs.index(k[1]), k[2] != "before", k[3] or 0))
+    print(f"ring simulated: {args.values} values per rank, chunk {args.chunk}, one call, no error feedback")
+    print(f"{'set':6} {'codec':11} {'variant':7} {'bound':>5} {'block':>5} {'head':>4} "
+          + " ".join(f"{'N=' + str(n):>17}" for n in ranks))
+    fields = ("set", "codec", "variant", "error_bound", "block", "headroom")
+    keys = sorted({tuple(r[f] for f in fields) for r in rows},
+                  key=lambda k: (sets.index(k[0]), codecs.index(k[1]), k[2] != "before", -(k[3] or 0), k[4] or 0,
+                                 k[5] or 0))
     for k in keys:
         cells = []
         for n in ranks:
-            r = next(r for r in rows if (r["set"], r["codec"], r["variant"], r["block"]) == k and r["ranks"] == n)
+            r = next(r for r in rows if tuple(r[f] for f in fields) == k and r["ranks"] == n)
             cells.append(f"{r['nmse']:8.2g} {r['ratio']:6.2f}x")
-        print(f"{k[0]:6} {k[1]:11} {k[2]:7} {k[3] or '':>5} " + " ".join(f"{c:>17}" for c in cells))
+        bound = "" if k[3] is None else f"{k[3]}"
+        print(f"{k[0]:6} {k[1]:11} {k[2]:7} {bound:>5} {k[4] or '':>5} {'' if k[5] is None else k[5]:>4} "
+              + " ".join(f"{c:>17}" for c in cells))
     print("cells: NMSE against the float64 sum, compression ratio")
     return 0
+
+
+def _default_headroom() -> int:
+    from ..codecs.blockscale import HEADROOM
+    return HEADROOM
 
 
 def add_arguments(p) -> None:
@@ -193,9 +214,13 @@ def add_arguments(p) -> None:
     p.add_argument("--codecs", help="comma-separated codecs (default every codec: inceptionn,terngrad,3lc,thc,fft)")
     p.add_argument("--sets", default="real,heavy", help="input sets: real (HDC gradients), heavy (heavy-tailed); "
                    "default both")
-    p.add_argument("--error-bound", type=int, default=-10, help="inceptionn error bound exponent (default -10)")
+    p.add_argument("--error-bound", default="-10", help="inceptionn error bound exponents, comma-separated to compare "
+                   "(write --error-bound=-10,-6; default -10)")
     p.add_argument("--block", default="256", help="values per scaling block for inceptionn, comma-separated to compare "
                    "(default 256, what the ring uses; other sizes are simulated only)")
+    p.add_argument("--headroom", default=str(_default_headroom()), help="inceptionn: octaves h below 1.0 for each "
+                   "scaled block's max, which lands in [2^(-1-h), 2^-h); comma-separated to compare (default "
+                   f"{_default_headroom()}, what the ring uses; others are simulated only)")
     p.add_argument("--chunk", type=int, default=65536, help="pipeline chunk in values (default 65536, the Group's)")
     p.add_argument("--noise", type=float, default=0.5, help="real set: per-rank noise relative to |g| (default 0.5)")
     p.add_argument("--after-only", action="store_true", help="skip inceptionn's before-v2 scaling")

@@ -11,6 +11,7 @@ from ._native import ffi, lib
 BLOCK_VALUES = int(lib.BS_BLOCK_VALUES)
 MARK_BASE = int(lib.BS_MARK_BASE)
 MIN_SHIFT, MAX_SHIFT = int(lib.BS_MIN_SHIFT), int(lib.BS_MAX_SHIFT)
+HEADROOM, MAX_HEADROOM = int(lib.BS_HEADROOM), int(lib.BS_MAX_HEADROOM)
 
 
 def wire_values(n: int, block: int = BLOCK_VALUES) -> int:
@@ -25,11 +26,14 @@ def _fp(a: np.ndarray):
 
 
 class BlockScale:
-    """The wire transform for codec error bound ``k`` (the inceptionn codec's ``error_bound``)."""
+    """The wire transform for codec error bound ``k`` (the inceptionn codec's ``error_bound``);
+    ``headroom`` h puts each scaled block's max in [2^(-1-h), 2^-h) (the decoder needs no h)."""
 
-    def __init__(self, k: int, block: int = BLOCK_VALUES):
+    def __init__(self, k: int, block: int = BLOCK_VALUES, headroom: int = HEADROOM):
         wire_values(0, block)
-        self.k, self.block = int(k), int(block)
+        if not 0 <= headroom <= MAX_HEADROOM:
+            raise ValueError(f"headroom must be 0..{MAX_HEADROOM}, got {headroom}")
+        self.k, self.block, self.headroom = int(k), int(block), int(headroom)
 
     def wire_values(self, n: int) -> int:
         return int(lib.bs_wire_values(n, self.block))
@@ -38,7 +42,7 @@ class BlockScale:
         """The wire floats for ``x`` (float32, contiguous); ``decoded`` (may be ``x``) gets what a
         receiver decodes from them."""
         wire = np.empty(self.wire_values(x.size), dtype=np.float32)
-        r = lib.bs_encode(_fp(x), x.size, self.block, self.k, _fp(wire), wire.size,
+        r = lib.bs_encode_h(_fp(x), x.size, self.block, self.k, self.headroom, _fp(wire), wire.size,
                           _fp(decoded) if decoded is not None else ffi.NULL)
         if r < 0:
             raise ValueError(f"block scaling failed: {error_text(lib.bs_strerror, r)}")

@@ -16,12 +16,17 @@ size_t bs_wire_values(size_t n, size_t block)
 
 int bs_shift(const float *x, size_t m)
 {
+    return bs_shift_h(x, m, BS_HEADROOM);
+}
+
+int bs_shift_h(const float *x, size_t m, int headroom)
+{
     uint32_t top = max_abs_kernel(x, m);   /* as bits: inf and NaN sort above every finite value */
     if (top == 0 || top >= 0x7F800000u)    /* all zero, or inf/NaN: the block goes unscaled */
         return 0;
     int e;
     frexpf(u2f(top), &e);                  /* max = f * 2^e, f in [0.5, 1): exact, same on every CPU */
-    int s = -e;
+    int s = -e - headroom;
     return s < BS_MIN_SHIFT ? BS_MIN_SHIFT : s > BS_MAX_SHIFT ? BS_MAX_SHIFT : s;
 }
 
@@ -66,7 +71,14 @@ static void round_nearest(const float *x, float up, float *q, size_t m, int k)
 
 ptrdiff_t bs_encode(const float *x, size_t n, size_t block, int k, float *wire, size_t cap, float *decoded)
 {
-    if (block < 1 || block > BS_MAX_BLOCK || k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND)
+    return bs_encode_h(x, n, block, k, BS_HEADROOM, wire, cap, decoded);
+}
+
+ptrdiff_t bs_encode_h(const float *x, size_t n, size_t block, int k, int headroom, float *wire, size_t cap,
+                      float *decoded)
+{
+    if (block < 1 || block > BS_MAX_BLOCK || k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND ||
+        headroom < 0 || headroom > BS_MAX_HEADROOM)
         return BS_E_ARG;
     size_t need = bs_wire_values(n, block);
     if (n > 0 && (x == NULL || wire == NULL))
@@ -76,7 +88,7 @@ ptrdiff_t bs_encode(const float *x, size_t n, size_t block, int k, float *wire, 
     size_t w = 0;
     for (size_t a = 0; a < n; a += block) {
         size_t m = n - a < block ? n - a : block;
-        int s = bs_shift(x + a, m);
+        int s = bs_shift_h(x + a, m, headroom);
         float up = pow2f(s), down = pow2f(-s);
         wire[w++] = (float)(BS_MARK_BASE + s);
         float *q = wire + w;

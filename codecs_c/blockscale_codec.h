@@ -37,6 +37,8 @@ extern "C" {
 #define BS_MARK_BASE 1024
 #define BS_MIN_SHIFT (-126)
 #define BS_MAX_SHIFT 126
+#define BS_HEADROOM 0           /* the ring's headroom h (measured in docs/collectives.md) */
+#define BS_MAX_HEADROOM 24
 
 enum bs_status {
     BS_OK = 0,
@@ -51,6 +53,9 @@ size_t bs_wire_values(size_t n, size_t block);
 
 /* The exponent s of one block (see above). */
 int bs_shift(const float *x, size_t m);
+/* ... with headroom h in [0, BS_MAX_HEADROOM] instead of BS_HEADROOM: s = -e - h (then clamped),
+ * so the scaled block's max lies in [2^(-1-h), 2^-h). */
+int bs_shift_h(const float *x, size_t m, int headroom);
 
 /*
  * x[0..n) -> wire[0..bs_wire_values(n, block)) (cap floats available). decoded, if not NULL,
@@ -58,6 +63,11 @@ int bs_shift(const float *x, size_t m);
  * Returns the number of wire floats, or a negative bs_status.
  */
 ptrdiff_t bs_encode(const float *x, size_t n, size_t block, int k, float *wire, size_t cap, float *decoded);
+
+/* bs_encode with headroom h instead of BS_HEADROOM (BS_E_ARG outside [0, BS_MAX_HEADROOM]): the
+ * decoder needs no h, the exponent float carries s. */
+ptrdiff_t bs_encode_h(const float *x, size_t n, size_t block, int k, int headroom, float *wire, size_t cap,
+                      float *decoded);
 
 /* wire[0..len) -> out[0..n). BS_OK or a negative bs_status; *err_at (if not NULL) is the wire
  * index where the check failed. */

@@ -226,7 +226,7 @@ __attribute__((constructor)) static void load_settings(void)
     cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
                                           "seconds, 1..86400");
     cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
-    cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", 0, 0, 1, "use 0 or 1");
+    cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", 1, 0, 1, "use 0 or 1");
     const char *ns = getenv("INCEPTIONN_MPI_NICD_SOCKET");
     if (!ns || !*ns)
         ns = INC_MPI_DEFAULT_NICD_SOCKET;

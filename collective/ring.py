@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from ..codecs.blockscale import BLOCK_VALUES, BlockScale
+from ..codecs.blockscale import BLOCK_VALUES, HEADROOM, BlockScale
 from .stats import Timers
 from .transport import Conn
 
@@ -105,7 +105,7 @@ class Wire:
     """
 
     def __init__(self, mode: str, codec=None, *, scaled: bool = False, need_decoded: bool = True,
-                 block: int = BLOCK_VALUES):
+                 block: int = BLOCK_VALUES, headroom: int = HEADROOM):
         assert mode in MODES
         self.mode, self.codec = mode, codec
         self.scaled = bool(scaled) and mode != "raw"
@@ -116,7 +116,7 @@ class Wire:
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
                 raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
                                  "per-block scaling runs INCEPTIONN's reconstruction at that bound")
-            self.bs = BlockScale(int(k), block)   # block: other sizes only to measure them (bench scale)
+            self.bs = BlockScale(int(k), block, headroom)   # other sizes only to measure them (bench scale)
         # the wire is the values themselves: received straight into the destination
         self.direct = mode == "raw" or (mode == "nic" and not self.scaled)
 
@@ -280,7 +280,8 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
 
 
 def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, codec=None,
-                  scaled: bool = False, block: int = BLOCK_VALUES, count=None, progress=None) -> np.ndarray:
+                  scaled: bool = False, block: int = BLOCK_VALUES, headroom: int = HEADROOM, count=None,
+                  progress=None) -> np.ndarray:
     """What ``ring_allreduce`` on ``world`` ranks leaves on every rank, computed in one process
     (bench/scale.py): the same blocks, chunks and Wire transforms in the same order, without
     sockets, so the bits are those of the real ring (tests/test_collective.py holds them
@@ -293,7 +294,7 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
     payload: phase 1's once each, the owner's with times = world - 1 (it crosses that many links).
     ``progress(done, world)`` is called after each ring block."""
     assert mode in MODES and world >= 2
-    wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block)
+    wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block, headroom=headroom)
     out = np.empty(n, dtype=np.float32)
     for b, (lo, hi) in enumerate(block_bounds(n, world)):
         for a, e in chunk_list(lo, hi, chunk_values):

@@ -70,8 +70,12 @@ def register(sub) -> None:
     e.add_argument("--allreduce-error-bound", default=str(DEFAULT_ERROR_BOUND), metavar="K",
                    help=f"the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic: the "
                         "daemons' --error-bound)")
-    e.add_argument("--allreduce-error-feedback", action="store_true",
-                   help="carry what the codec lost in a call into the next call of the same count")
+    ef = e.add_mutually_exclusive_group()
+    ef.add_argument("--allreduce-error-feedback", action="store_true",
+                    help="carry what the codec lost in a call into the next call of the same count on the same "
+                         "communicator (the default)")
+    ef.add_argument("--no-allreduce-error-feedback", action="store_true",
+                    help="do not: every call compressed on its own")
     e.add_argument("--allreduce-nicd-socket", metavar="PATH",
                    help="nic mode: the soft NIC's stats socket on every host (%%h: the host's name; default "
                         "nicd's); the ranks run the bound the daemon runs")

@@ -56,7 +56,8 @@ DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
-           "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--allreduce-nicd-socket": True}
+           "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--no-allreduce-error-feedback": False,
+           "--allreduce-nicd-socket": True}
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
@@ -91,9 +92,9 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --allreduce-error-bound K
                       the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic it
                       must be the daemons' --error-bound)
-  --allreduce-error-feedback
+  --allreduce-error-feedback, --no-allreduce-error-feedback
                       add what the codec lost in a call to the next call of the same count on
-                      the same communicator (off by default; docs/mpi-allreduce.md)
+                      the same communicator, or not (on by default; docs/mpi-allreduce.md)
   --allreduce-nicd-socket PATH
                       nic mode: the soft NIC's stats socket on every host (%h: the host's
                       name; default nicd's, {DEFAULT_NICD_SOCKET}); the ranks run the bound
@@ -135,7 +136,7 @@ class Options:
     allreduce_mode: str = "auto"
     allreduce_min_count: int = DEFAULT_MIN_COUNT
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
-    allreduce_error_feedback: bool = False
+    allreduce_error_feedback: bool = True
     allreduce_nicd_socket: str | None = None
 
 
@@ -196,12 +197,14 @@ def parse_args(rest: list[str]) -> Options:
     if "--btl-ports" in values:
         opts.btl_ports = _port_range(values["--btl-ports"], "--btl-ports")
     opts.compress_allreduce = bool(values.get("--compress-allreduce"))
-    allreduce_opts = [o for o in OPTIONS if o.startswith("--allreduce-") and o in values]
+    allreduce_opts = [o for o in OPTIONS if o.startswith(("--allreduce-", "--no-allreduce-")) and o in values]
     if allreduce_opts and not opts.compress_allreduce:
         raise UserError(f"{allreduce_opts[0]} goes with --compress-allreduce")
     if "--allreduce-mode" in values:
         opts.allreduce_mode = mpienv.check_mode(values["--allreduce-mode"])
-    opts.allreduce_error_feedback = bool(values.get("--allreduce-error-feedback"))
+    if values.get("--allreduce-error-feedback") and values.get("--no-allreduce-error-feedback"):
+        raise UserError("--allreduce-error-feedback and --no-allreduce-error-feedback: give one")
+    opts.allreduce_error_feedback = not values.get("--no-allreduce-error-feedback")
     if "--allreduce-min-count" in values:
         opts.allreduce_min_count = mpienv.check_min_count(values["--allreduce-min-count"])
     if "--allreduce-error-bound" in values:

@@ -90,12 +90,15 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
     lib = mpienv.library("mpich")
     r = subprocess.run([CLI, *base], capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": "/x/a.so"})
     assert r.stdout.strip() == ("INCEPTIONN_MPI_MODE=app,INCEPTIONN_MPI_MIN_COUNT=1000,INCEPTIONN_MPI_ERROR_BOUND=-10,"
-                                f"INCEPTIONN_MPI_IFACE=198.18.0.0/24,LD_PRELOAD=/x/a.so:{lib}"), r.stdout
+                                "INCEPTIONN_MPI_IFACE=198.18.0.0/24,INCEPTIONN_MPI_ERROR_FEEDBACK=1,"
+                                f"LD_PRELOAD=/x/a.so:{lib}"), r.stdout
     r = run_cli(*base, "--format", "hydra")
     assert r.stdout.split()[:2] == ["-genv", "INCEPTIONN_MPI_MODE"] and r.stdout.split()[-2:] == ["LD_PRELOAD", lib]
     r = run_cli(*base, "--format", "shell", "--allreduce-error-feedback", "--log")
     assert f"export LD_PRELOAD={lib}" in r.stdout.splitlines()
     assert {"export INCEPTIONN_MPI_ERROR_FEEDBACK=1", "export INCEPTIONN_MPI_LOG=1"} <= set(r.stdout.splitlines())
+    r = run_cli(*base, "--format", "shell", "--no-allreduce-error-feedback")
+    assert "export INCEPTIONN_MPI_ERROR_FEEDBACK=0" in r.stdout.splitlines(), r.stdout
 
 
 def test_env_mistakes_are_one_line(progs, tmp_path):

@@ -182,6 +182,9 @@ def test_c_ring_and_python_group_agree(tmp_path, mode):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")
     r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", "-x", f"LD_PRELOAD={lib}", "-x", f"INCEPTIONN_MPI_MODE={mode}",
                         "-x", "INCEPTIONN_MPI_ADDR=127.0.0.1", "-x", "INCEPTIONN_BIND_ADDR=127.0.0.1",
+                        # two calls of one count: error feedback (the default) would carry the first
+                        # one's loss into the second; this test holds the transforms together
+                        "-x", "INCEPTIONN_MPI_ERROR_FEEDBACK=0",
                         sys.executable, str(PROGS / "mpi4py_allreduce.py"), str(tmp_path), "300001", "--group", mode],
                        capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -201,8 +204,10 @@ def test_thread_multiple(tb_name, tmp_path):
     subprocess.run(["mpicc", "-O2", "-Wall", "-Wextra", "-pthread", str(PROGS / "mpi_threads.c"), "-o", str(exe)], check=True)
     with testbed.Testbed(hosts=WORLD, name=tb_name):
         out = tmp_path / "out"
-        r = job(tb_name, out, "--compress-allreduce", "--allreduce-mode", "app", "--log", "1",
-                program=[str(exe), str(out), "300000", "5"])
+        # without error feedback (on by default): each thread's calls share one key, and the
+        # sequential calls, which the results are compared with, would not carry its residuals
+        r = job(tb_name, out, "--compress-allreduce", "--allreduce-mode", "app", "--no-allreduce-error-feedback",
+                "--log", "1", program=[str(exe), str(out), "300000", "5"])
         for rank in range(WORLD):   # 2 threads x 5 calls + 2 sequential calls
             assert f"inceptionn-mpi[rank {rank}]: summary: 12 MPI_Allreduce calls taken" in r.stderr, r.stderr
         for t in ("0", "1"):
@@ -221,12 +226,12 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
         plan = json.loads(r.stdout)
         assert plan["policy"] is None
         assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "min_count": 1000,
-                                     "error_bound": -12, "error_feedback": False, "iface": str(tb.network), "log": False,
+                                     "error_bound": -12, "error_feedback": True, "iface": str(tb.network), "log": False,
                                      "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi"}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
-        assert "INCEPTIONN_MPI_ERROR_FEEDBACK" not in exported   # off by default
+        assert exported["INCEPTIONN_MPI_ERROR_FEEDBACK"] == "1"   # on by default, said explicitly
         assert (exported["INCEPTIONN_MPI_MODE"], exported["INCEPTIONN_MPI_MIN_COUNT"],
                 exported["INCEPTIONN_MPI_ERROR_BOUND"], exported["INCEPTIONN_MPI_IFACE"]) == ("app", "1000", "-12", str(tb.network))
         # with a policy: the tagging library first, then this one; a forced nic mode warns
@@ -248,6 +253,9 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
     (["--compress-allreduce", "-x", "INCEPTIONN_MPI_MODE=nic", "--", "true"], "do not pass -x INCEPTIONN_MPI_MODE"),
     (["--allreduce-error-feedback", "--", "true"], "--allreduce-error-feedback goes with --compress-allreduce"),
     (["--compress-allreduce", "--allreduce-error-feedback=1", "--", "true"], "--allreduce-error-feedback takes no value"),
+    (["--no-allreduce-error-feedback", "--", "true"], "--no-allreduce-error-feedback goes with --compress-allreduce"),
+    (["--compress-allreduce", "--allreduce-error-feedback", "--no-allreduce-error-feedback", "--", "true"],
+     "--allreduce-error-feedback and --no-allreduce-error-feedback: give one"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_allreduce_option_errors_are_one_line(args, needle, capsys):
     assert needle in cli_error(capsys, "mpirun", *args)

@@ -40,7 +40,9 @@ def test_config_names_and_checks():
     assert TrainConfig(compress="terngrad").name == "INC+terngrad"
     for bad, needle in [(dict(algo="ps"), "unknown algorithm"), (dict(compress="zip"), "unknown compression"),
                         (dict(epochs=0), "--epochs"), (dict(max_iters=0), "--max-iters"),
-                        (dict(error_bound=3), "--error-bound"), (dict(lr=0), "--lr")]:
+                        (dict(error_bound=3), "--error-bound"), (dict(lr=0), "--lr"),
+                        (dict(epochs=2, decay_at=3), r"--decay-at must be an epoch from 1 to --epochs \(2\)"),
+                        (dict(decay_at=0), "--decay-at")]:
         with pytest.raises(UserError, match=needle):
             TrainConfig(**bad).check()
 
@@ -220,6 +222,7 @@ def test_divergence_is_one_clear_error(tb_name, no_leaks):
     (["train", "--compress", "zip"], ["unknown compression", "nic"]),
     (["train", "--hosts", "1"], ["--hosts must be at least 2"]),
     (["train", "--epochs", "0"], ["--epochs must be at least 1"]),
+    (["train", "--epochs", "3", "--decay-at", "4"], ["--decay-at must be an epoch from 1 to --epochs (3)"]),
     (["demo", "--out", "/nonexistent/dir/x.png"], ["does not exist"]),
     (["bench", "train", "--configs", "inc,bogus"], ["unknown bogus"]),
 ])

@@ -50,8 +50,8 @@ def add_training_arguments(p, *, epochs_default: int | None, hosts_default: int 
 
 def add_switches(p) -> None:
     p.add_argument("--no-scaling", dest="scaling", action="store_const", const=False, default=None,
-                   help="do not scale gradients by the power of two per bucket all workers agree on before "
-                   "compression (on by default with the inceptionn codec)")
+                   help="do not scale gradients before the codec (wire format v2: a power of two per block of 256 "
+                   "values, chosen at every hop; on by default with the inceptionn codec)")
     p.add_argument("--no-error-feedback", dest="error_feedback", action="store_const", const=False, default=None,
                    help="do not add what compression dropped back into the next iteration's gradient "
                    "(on by default with the inceptionn codec)")
@@ -75,6 +75,8 @@ def _add_arguments(p) -> None:
                    f"nic-scaled (the soft NIC's per-packet scaled codec: the workers send raw values), "
                    f"or a codec name to compress in the application: {_codec_choices()}")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the shuffling (default 0)")
+    p.add_argument("--decay-at", type=int, metavar="EPOCH", help="from this epoch on (counted from 1), the learning "
+                   "rate times 0.1, so that the final accuracy says where training settled (default: no decay)")
     p.set_defaults(func=run)
 
 
@@ -84,7 +86,7 @@ def run(args) -> int:
 
     cfg = TrainConfig(algo=args.algo, compress=args.compress, error_bound=args.error_bound, scaling=args.scaling,
                       error_feedback=args.error_feedback, epochs=args.epochs, max_iters=args.max_iters,
-                      data=args.data, seed=args.seed, lr=args.lr)
+                      data=args.data, seed=args.seed, lr=args.lr, decay_at=args.decay_at)
     preflight_testbed(args.hosts, rate_arg(args.rate), args.mtu, args.name or "train")
     preflight(cfg)
     progress = Progress(prefix="[train] ")

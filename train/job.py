@@ -61,6 +61,7 @@ class TrainConfig:
     data: str | None = None
     seed: int = 0
     lr: float = 0.1
+    decay_at: int | None = None       # from this epoch on (counted from 1), lr x 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-5
     batch: int = 25
@@ -101,6 +102,8 @@ class TrainConfig:
             raise UserError(f"--batch must be at least 1, got {self.batch}")
         if not self.lr > 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
+        if self.decay_at is not None and not 1 <= self.decay_at <= self.epochs:
+            raise UserError(f"--decay-at must be an epoch from 1 to --epochs ({self.epochs}), got {self.decay_at}")
 
 
 @dataclass

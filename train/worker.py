@@ -196,6 +196,8 @@ def run(cfg: dict) -> int:
     loss_sum, loss_n = 0.0, 0
     try:
         for epoch in range(cfg["epochs"]):
+            if cfg.get("decay_at") and epoch + 1 == cfg["decay_at"]:
+                opt.lr *= 0.1                  # as examples/mpi4py_hdc.py --decay-at
             order = rng.permutation(len(x))
             t_epoch = time.perf_counter()
             for it in range(iters):

@@ -3,9 +3,10 @@
  *   even: decode. Bytes 1-2 are the value count n (little-endian), byte 0's bits 1-7 the block
  *         (1..128), the rest are wire floats, copied to an exactly-sized buffer. On BS_OK every
  *         exponent float is an integer in range and every decoded value of a scaled block finite.
- *   odd:  encode. Byte 1 picks k and the block; the rest are float bit patterns. The wire must
- *         decode to what the encoder predicted, and every wire float be a fixed point of
- *         inc_reconstruct.
+ *   odd:  encode. Byte 0's bits 1-7 pick the headroom (mod BS_MAX_HEADROOM + 1), byte 1 k and
+ *         the block; the rest are float bit patterns. The wire must decode to what the encoder
+ *         predicted, every wire float be a fixed point of inc_reconstruct, and every block's
+ *         exponent be bs_shift_h's.
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "blockscale_codec.h"
@@ -50,6 +51,7 @@ static void encode_case(const uint8_t *data, size_t size)
     if (size < 2)
         return;
     int k = -1 - (int)(data[1] % 30);
+    int headroom = (data[0] >> 1) % (BS_MAX_HEADROOM + 1);
     size_t block = (size_t)(data[1] >> 5) * 37 + 1;
     size_t n = (size - 2) / 4;
     float *x = fz_floats(n), *dec = fz_floats(n), *out = fz_floats(n);
@@ -57,8 +59,11 @@ static void encode_case(const uint8_t *data, size_t size)
         memcpy(x, data + 2, n * 4);
     size_t wn = bs_wire_values(n, block);
     float *w = fz_floats(wn), *rc = fz_floats(wn);
-    if (bs_encode(x, n, block, k, w, wn, dec) != (ptrdiff_t)wn)
+    if (bs_encode_h(x, n, block, k, headroom, w, wn, dec) != (ptrdiff_t)wn)
         abort();
+    for (size_t a = 0, p = 0; a < n; a += block, p += 1 + block)
+        if (w[p] != (float)(BS_MARK_BASE + bs_shift_h(x + a, n - a < block ? n - a : block, headroom)))
+            abort();
     inc_reconstruct(w, wn, k, rc);
     for (size_t i = 0; i < wn; i++) {
         uint32_t a, b;

@@ -15,7 +15,7 @@ static float spread(void)
     return ((r >> 8) & 1 ? -m : m) * ldexpf(1.0f, (int)((r >> 9) % 120) - 100);
 }
 
-static void roundtrip_case(size_t n, size_t block, int k)
+static void roundtrip_case(size_t n, size_t block, int k, int h)
 {
     float *x = malloc((n ? n : 1) * sizeof *x), *dec = malloc((n ? n : 1) * sizeof *dec);
     float *out = malloc((n ? n : 1) * sizeof *out);
@@ -25,8 +25,9 @@ static void roundtrip_case(size_t n, size_t block, int k)
         x[i] = spread();
     if (n > 10 && (rnd() & 1))
         x[rnd() % n] = (rnd() & 1) ? INFINITY : NAN;
-    CHECK(bs_encode(x, n, block, k, w, wn - (wn > 0), dec) == (wn ? BS_E_ARG : 0), "a short wire buffer is refused");
-    ptrdiff_t got = bs_encode(x, n, block, k, w, wn, dec);
+    CHECK(bs_encode_h(x, n, block, k, h, w, wn - (wn > 0), dec) == (wn ? BS_E_ARG : 0),
+          "a short wire buffer is refused");
+    ptrdiff_t got = bs_encode_h(x, n, block, k, h, w, wn, dec);
     CHECK(got == (ptrdiff_t)wn, "encode wrote %td floats, want %zu", got, wn);
     /* every wire float is a fixed point of the codec: a soft NIC delivers it unchanged */
     inc_reconstruct(w, wn, k, rc);
@@ -45,7 +46,18 @@ static void roundtrip_case(size_t n, size_t block, int k)
     for (size_t a = 0; a < n; a += block) {
         size_t m = n - a < block ? n - a : block;
         int s = (int)w[a / block * (block + 1)] - BS_MARK_BASE;
-        CHECK(s == bs_shift(x + a, m), "block exponent");
+        CHECK(s == bs_shift_h(x + a, m, h), "block exponent");
+        /* headroom h: the scaled block's max lies in [2^(-1-h), 2^-h) unless the shift is clamped */
+        float top = 0;
+        int finite_block = 1;
+        for (size_t i = a; i < a + m; i++) {
+            finite_block &= isfinite(x[i]) != 0;
+            top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
+        }
+        if (finite_block && top > 0 && s != BS_MIN_SHIFT && s != BS_MAX_SHIFT) {
+            float t = ldexpf(top, s);
+            CHECK(t >= ldexpf(1.0f, -1 - h) && t < ldexpf(1.0f, -h), "block max %g scaled to %g (h %d)", top, t, h);
+        }
         for (size_t i = a; i < a + m; i++)
             if (isfinite(x[i]) && s != 0 && s != BS_MIN_SHIFT && s != BS_MAX_SHIFT)
                 CHECK(fabsf(out[i] - x[i]) <= ldexpf(half, -s),
@@ -62,7 +74,8 @@ int main(void)
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
         for (size_t j = 0; j < sizeof blocks / sizeof *blocks; j++)
             for (size_t l = 0; l < sizeof ks / sizeof *ks; l++)
-                roundtrip_case(sizes[i], blocks[j], ks[l]);
+                for (int h = 0; h <= BS_MAX_HEADROOM; h += (h < 3 ? 1 : 7))
+                    roundtrip_case(sizes[i], blocks[j], ks[l], h);
 
     /* exponents: frexp of the block max, zero/inf/NaN unscaled, clamped */
     float b[4] = {0.3f, -0.2f, 0, 0};
@@ -77,6 +90,9 @@ int main(void)
     CHECK(bs_shift(b, 4) == 0, "NaN: unscaled");
     b[0] = 0;
     CHECK(bs_shift(b, 4) == 0, "zero: unscaled");
+    b[0] = 0.3f;
+    CHECK(bs_shift_h(b, 4, 0) == bs_shift(b, 4) - BS_HEADROOM, "bs_shift is bs_shift_h at BS_HEADROOM");
+    CHECK(bs_shift_h(b, 4, 2) == -1, "h 2: 0.3 * 2^-1 = 0.15 in [1/8, 1/4)");
 
     /* the decoder refuses what the encoder cannot produce */
     float x[300], w[302], out[300];
@@ -103,6 +119,8 @@ int main(void)
     CHECK(bs_decode(w, 302, out, 300, 256, NULL) == BS_OK, "restored");
     CHECK(bs_decode(w, 302, out, 300, 0, NULL) == BS_E_ARG, "block 0");
     CHECK(bs_encode(x, 300, 256, 0, w, 302, NULL) == BS_E_ARG, "k out of range");
+    CHECK(bs_encode_h(x, 300, 256, -10, -1, w, 302, NULL) == BS_E_ARG, "negative headroom");
+    CHECK(bs_encode_h(x, 300, 256, -10, BS_MAX_HEADROOM + 1, w, 302, NULL) == BS_E_ARG, "headroom too big");
     CHECK(bs_wire_values(300, 0) == 0 && bs_wire_values(512, 256) == 514, "wire sizes");
     return check_report("blockscale");
 }
