@@ -27,7 +27,7 @@ all: $(VENV)/.installed
 
 # The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
 # package metadata changes.
-$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) $(wildcard collective/*.c collective/*.h) daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) $(wildcard collective/*.c collective/*.h collective/*.cdef) collective/build_ffi.py daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"

@@ -1,6 +1,7 @@
 # Only what pyproject.toml cannot say: the C parts.
-#  - cffi extensions: the codecs, the soft NIC's data path, and the tagging contract with the
-#    policy parser (the same C the preload library runs)
+#  - cffi extensions: the codecs, the soft NIC's data path, the tagging contract with the
+#    policy parser (the same C the preload library runs), and the ring engine (the same C the
+#    MPI library runs)
 #  - the tagging shim's LD_PRELOAD library, built as an extension module file so that every
 #    install (editable or wheel) puts it beside inceptionn.shim; it is never imported, only
 #    found by inceptionn.shim.run.preload_library() and handed to the dynamic loader
@@ -70,6 +71,6 @@ for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
 
 setup(
     cffi_modules=["codecs_c/build_ffi.py:ffibuilder", "daemon/build_ffi.py:ffibuilder",
-                  "shim/build_ffi.py:ffibuilder"],
+                  "shim/build_ffi.py:ffibuilder", "collective/build_ffi.py:ffibuilder"],
     ext_modules=ext_modules,
 )

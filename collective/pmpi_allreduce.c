@@ -549,7 +549,8 @@ static void ring_fail(struct ring *r, const char *what)
     _exit(1);
 }
 
-/* Sum x[0..n) over the ring in place (lost: the residual of error feedback, or NULL). A failure
+/* Sum x[0..n) over the ring in place (lost: the residual of error feedback, or NULL: added to x
+ * first, then refilled). A failure
  * aborts the job. A broken connection is most often the echo of another rank's abort: give mpirun
  * the time to end this rank quietly first, so the job shows the first cause only; a peer that
  * really died is still reported a moment later. */
@@ -561,7 +562,9 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
                                .timeout_ms = cfg.timeout_ms, .chunk = (size_t)cfg.chunk, .codec = &codec,
                                .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
     char err[256];
-    int st = re_allreduce(&rr, x, n, lost, err, sizeof err);
+    if (lost)
+        re_compensate(x, lost, n);     /* error feedback: what the receivers did not get last time */
+    int st = re_allreduce(&rr, x, n, lost, NULL, err, sizeof err);
     if (st == RE_OK)
         return;
     if (st == RE_E_PEER)

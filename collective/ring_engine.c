@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "blockscale_codec.h"
 #include "inceptionn_codec.h"
@@ -87,13 +88,30 @@ const struct re_transport re_transport_tagged = {.name = "nic", .payload_cap = f
 const struct re_transport re_transport_codec = {.name = "app", .framed = 1, .payload_cap = frame_cap,
                                                 .pack = frame_pack, .unpack = frame_unpack};
 
+const struct re_transport *re_transport_named(const char *name)
+{
+    static const struct re_transport *const all[] = {&re_transport_raw, &re_transport_tagged, &re_transport_codec};
+    for (size_t i = 0; name && i < sizeof all / sizeof *all; i++)
+        if (!strcmp(all[i]->name, name))
+            return all[i];
+    return NULL;
+}
+
 /* --- one call's state, its failure line --------------------------------------------------------- */
 
 struct call {
     const struct re_ring *r;
+    struct re_stats st;
     char *err;
     size_t errcap;
 };
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static int fail(struct call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(struct call *c, int status, const char *fmt, ...)
@@ -150,7 +168,7 @@ static int from_wire(struct call *c, const float *w, size_t m, float *out)
 }
 
 /* values -> payload in buf (wbuf: room for the wire floats when the transport packs them) */
-static int encode_payload(struct call *c, const float *x, size_t m, float *dec, float *wbuf, uint8_t *buf,
+static int encode_payload_(struct call *c, const float *x, size_t m, float *dec, float *wbuf, uint8_t *buf,
                           size_t *len)
 {
     const struct re_transport *tp = c->r->tp;
@@ -169,7 +187,7 @@ static int encode_payload(struct call *c, const float *x, size_t m, float *dec, 
 }
 
 /* payload -> values (wbuf: room for the wire floats when the transport unpacks them) */
-static int decode_payload(struct call *c, const uint8_t *buf, size_t len, size_t m, float *wbuf, float *out)
+static int decode_payload_(struct call *c, const uint8_t *buf, size_t len, size_t m, float *wbuf, float *out)
 {
     const struct re_transport *tp = c->r->tp;
     const float *w = (const float *)(const void *)buf;
@@ -180,6 +198,23 @@ static int decode_payload(struct call *c, const uint8_t *buf, size_t len, size_t
         w = wbuf;
     }
     return from_wire(c, w, m, out);
+}
+
+static int encode_payload(struct call *c, const float *x, size_t m, float *dec, float *wbuf, uint8_t *buf,
+                          size_t *len)
+{
+    double t0 = now();
+    int st = encode_payload_(c, x, m, dec, wbuf, buf, len);
+    c->st.codec_seconds += now() - t0;
+    return st;
+}
+
+static int decode_payload(struct call *c, const uint8_t *buf, size_t len, size_t m, float *wbuf, float *out)
+{
+    double t0 = now();
+    int st = decode_payload_(c, buf, len, m, wbuf, out);
+    c->st.codec_seconds += now() - t0;
+    return st;
 }
 
 /* --- the schedule, written once as primitives (docs/collectives.md, "The ring engine") -------- */
@@ -296,8 +331,10 @@ static int on_received(struct call *c, struct bufs *B, size_t ri, size_t len, fl
     case RECV_REDUCE_COPY_SEND:
         if ((st = decode_payload(c, B->rbuf, len, m, B->wbuf, B->tmp)))
             return st;
+        double t0 = now();
         for (size_t i = 0; i < m; i++)
             xa[i] += B->tmp[i];
+        c->st.sum_seconds += now() - t0;
         if (it.prim == RECV_REDUCE_SEND)
             return RE_OK;           /* sent when its send item starts, from x */
         /* this rank owns the block now: xa becomes what every other rank decodes */
@@ -388,6 +425,7 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
             if (w < 0 && errno != EAGAIN && errno != EINTR)
                 return fail(c, RE_E_PEER, "send to the right neighbour: %s", strerror(errno));
             if (w > 0) {
+                c->st.bytes_sent += (uint64_t)w;
                 sp += w;
                 sleft -= (size_t)w;
                 if (!sleft) {
@@ -411,8 +449,10 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
                 return fail(c, RE_E_PEER, "the left neighbour closed its connection");
             if (got < 0 && errno != EAGAIN && errno != EINTR)
                 return fail(c, RE_E_PEER, "receive from the left neighbour: %s", strerror(errno));
-            if (got > 0)
+            if (got > 0) {
                 roff += (size_t)got;
+                c->st.bytes_received += (uint64_t)got;
+            }
             if (tp->framed && roff == 4 && rneed == 4) {
                 const uint8_t *h = B->rbuf;
                 uint32_t l = h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24;
@@ -434,32 +474,40 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
     return RE_OK;
 }
 
-int re_allreduce(const struct re_ring *r, float *x, size_t n, float *residual, char *err, size_t errcap)
+void re_compensate(float *x, const float *residual, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += residual[i];
+}
+
+int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struct re_stats *stats, char *err,
+                 size_t errcap)
 {
     struct call c = {.r = r, .err = err, .errcap = errcap};
     if (errcap)
         err[0] = 0;
+    if (stats)
+        *stats = (struct re_stats){0};
     if (!r || r->size < 1 || r->rank < 0 || r->rank >= r->size || r->chunk < 1 || !r->tp ||
         (!r->tp->exact && (!r->codec || !r->codec->reconstruct || !r->codec->strerror ||
                            (r->tp->pack && (!r->codec->encode || !r->codec->decode || !r->codec->max_encoded_size)))) ||
-        (residual && r->tp->exact) || (n && !x))
+        (lost && r->tp->exact) || (n && !x))
         return fail(&c, RE_E_ARG, "bad arguments (ranks, chunk, transport, codec, or error feedback with exact "
                     "floats)");
-    if (residual)
-        for (size_t i = 0; i < n; i++)
-            x[i] += residual[i];
     if (r->size == 1) {
-        if (residual)
-            memset(residual, 0, n * sizeof(float));
+        if (lost)
+            memset(lost, 0, n * sizeof(float));
         return RE_OK;
     }
     struct bufs B = {0};
-    int st = run(&c, &B, x, n, residual);
+    int st = run(&c, &B, x, n, lost);
     free_bufs(&B);
-    if (st == RE_OK && residual)
+    if (stats)
+        *stats = c.st;
+    if (st == RE_OK && lost)
         for (size_t i = 0; i < n; i++)      /* inf - inf where a rank had inf or NaN: never carried on */
-            if (!isfinite(residual[i]))
-                residual[i] = 0;
+            if (!isfinite(lost[i]))
+                lost[i] = 0;
     return st;
 }
 

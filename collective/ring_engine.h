@@ -77,6 +77,9 @@ struct re_transport {
 
 extern const struct re_transport re_transport_raw, re_transport_tagged, re_transport_codec;
 
+/* The transport of that name ("raw", "nic", "app"), or NULL. */
+const struct re_transport *re_transport_named(const char *name);
+
 struct re_ring {
     int rank, size;              /* size >= 1; size 1 leaves x as it is */
     int send_fd, recv_fd;        /* connected: to the right neighbour, from the left one */
@@ -86,13 +89,27 @@ struct re_ring {
     const struct re_codec *codec;   /* NULL only with re_transport_raw */
 };
 
+/* What one call did: payload bytes on each connection, and the seconds spent in the codec (the
+ * wire's transform and the transport's pack/unpack) and in the sums (stats may be NULL). */
+struct re_stats {
+    uint64_t bytes_sent, bytes_received;
+    double codec_seconds, sum_seconds;
+};
+
 /*
- * Sum x[0..n) over the ring in place; every rank ends with the same bits. residual (NULL: no error
- * feedback; refused with the raw transport): n floats, added to x first, then replaced by this
- * call's sent - decoded for every position this rank put on the wire (non-finite entries set to 0).
- * Returns RE_OK or a negative re_status with one line in err[0..errcap).
+ * Error feedback's first half, before a call: x[i] += residual[i] (the residual the last call of
+ * the same tensor left).
  */
-int re_allreduce(const struct re_ring *r, float *x, size_t n, float *residual, char *err, size_t errcap);
+void re_compensate(float *x, const float *residual, size_t n);
+
+/*
+ * Sum x[0..n) over the ring in place; every rank ends with the same bits. lost (NULL: no error
+ * feedback; refused with the raw transport): n floats that get this call's sent - decoded for
+ * every position this rank put on the wire, non-finite entries set to 0 (the next call's
+ * residual). Returns RE_OK or a negative re_status with one line in err[0..errcap).
+ */
+int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struct re_stats *stats, char *err,
+                 size_t errcap);
 
 const char *re_strerror(int status);
 

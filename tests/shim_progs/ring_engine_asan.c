@@ -24,13 +24,14 @@ struct rank {
     float *x, *res;
     size_t n;
     int st;
+    struct re_stats stats;
     char err[256];
 };
 
 static void *rank_main(void *arg)
 {
     struct rank *k = arg;
-    k->st = re_allreduce(&k->ring, k->x, k->n, k->res, k->err, sizeof k->err);
+    k->st = re_allreduce(&k->ring, k->x, k->n, k->res, &k->stats, k->err, sizeof k->err);
     return NULL;
 }
 
@@ -58,15 +59,17 @@ static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, in
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds[r]) != 0)
             return -100;
     for (int r = 0; r < N; r++) {
-        /* pair r: rank r sends on [0], rank r + 1 receives on [1] */
+        /* pair r: rank r sends on [0], rank r + 1 receives on [1]; feedback: compensated by 0 */
         k[r] = (struct rank){.ring = {.rank = r, .size = N, .send_fd = fds[r][0], .recv_fd = fds[(r + N - 1) % N][1],
                                       .timeout_ms = 20000, .chunk = chunk, .tp = tp, .codec = &codec},
                              .x = out[r], .res = feedback ? res[r] : NULL, .n = n};
         for (size_t i = 0; i < n; i++)
             out[r][i] = value(r, i, 7);
-        if (feedback)
+        if (feedback) {
             for (size_t i = 0; i < n; i++)
-                res[r][i] = 0;
+                res[r][i] = -0.0f;
+            re_compensate(out[r], res[r], n);
+        }
         pthread_create(&t[r], NULL, rank_main, &k[r]);
     }
     int st = 0;
@@ -76,6 +79,13 @@ static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, in
             st = k[r].st;
             fprintf(stderr, "rank %d: %s\n", r, k[r].err);
         }
+    }
+    /* what a rank sent is what its right neighbour received; a tagged rank sends its wire floats:
+     * 2 (N - 1) / N of the values plus one exponent per block of a chunk (chunk 300: 2 blocks) */
+    for (int r = 0; r < N && !st; r++) {
+        CHECK(k[r].stats.bytes_sent == k[(r + 1) % N].stats.bytes_received, "bytes of rank %d's link", r);
+        if (tp == &re_transport_raw)
+            CHECK(k[r].stats.bytes_sent <= 4 * (2 * (n / (size_t)N + 1)) * (size_t)(N - 1), "raw bytes");
     }
     for (int r = 0; r < N; r++)
         close(fds[r][0]), close(fds[r][1]);
@@ -204,18 +214,18 @@ static void arguments(void)
     char err[128];
     struct re_ring r = {.rank = 0, .size = 1, .send_fd = -1, .recv_fd = -1, .timeout_ms = 100, .chunk = 8,
                         .tp = &re_transport_tagged, .codec = &codec};
-    CHECK(re_allreduce(&r, x, 4, res, err, sizeof err) == RE_OK && x[3] == 4.0f, "a ring of one");
+    CHECK(re_allreduce(&r, x, 4, res, NULL, err, sizeof err) == RE_OK && x[3] == 4.0f, "a ring of one");
     r.tp = &re_transport_raw;
-    CHECK(re_allreduce(&r, x, 4, res, err, sizeof err) == RE_E_ARG, "error feedback on exact floats accepted");
+    CHECK(re_allreduce(&r, x, 4, res, NULL, err, sizeof err) == RE_E_ARG, "error feedback on exact floats accepted");
     r.tp = &re_transport_tagged;
     r.codec = NULL;
-    CHECK(re_allreduce(&r, x, 4, NULL, err, sizeof err) == RE_E_ARG, "no codec accepted");
+    CHECK(re_allreduce(&r, x, 4, NULL, NULL, err, sizeof err) == RE_E_ARG, "no codec accepted");
     r.codec = &codec;
     r.chunk = 0;
-    CHECK(re_allreduce(&r, x, 4, NULL, err, sizeof err) == RE_E_ARG, "chunk 0 accepted");
+    CHECK(re_allreduce(&r, x, 4, NULL, NULL, err, sizeof err) == RE_E_ARG, "chunk 0 accepted");
     r.chunk = 8;
     r.rank = 1;
-    CHECK(re_allreduce(&r, x, 4, NULL, err, sizeof err) == RE_E_ARG, "rank outside the ring accepted");
+    CHECK(re_allreduce(&r, x, 4, NULL, NULL, err, sizeof err) == RE_E_ARG, "rank outside the ring accepted");
 }
 
 int main(void)
