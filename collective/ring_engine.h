@@ -90,7 +90,8 @@ struct re_ring {
 };
 
 /* What one call did: payload bytes on each connection, and the seconds spent in the codec (the
- * wire's transform and the transport's pack/unpack) and in the sums (stats may be NULL). */
+ * wire's transform and the transport's pack/unpack; none with the raw transport) and in the sums
+ * (stats may be NULL). */
 struct re_stats {
     uint64_t bytes_sent, bytes_received;
     double codec_seconds, sum_seconds;
