@@ -27,7 +27,7 @@ all: $(VENV)/.installed
 
 # The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
 # package metadata changes.
-$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) $(wildcard collective/*.c collective/*.h) daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) $(wildcard collective/*.c collective/*.h collective/*.cdef) collective/build_ffi.py daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"
@@ -78,8 +78,13 @@ build/stress_nicd_flows_san: daemon/tests/stress_nicd_flows.c daemon/nicd_flows.
 	@mkdir -p build
 	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim $(SANITIZE) $< daemon/nicd_flows.c -lpthread -o $@
 
-check-c: $(CODEC_UNIT_TESTS) $(NICD_STRESS)
-	for t in $(CODEC_UNIT_TESTS); do ./$$t || exit 1; done
+# The ring engine (collective/ring_engine.c) over socket pairs, with hostile left neighbours.
+build/test_ring_engine_san: tests/shim_progs/ring_engine_asan.c collective/ring_engine.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	$(CC) $(CFLAGS_CHECK) -Icollective -Icodecs_c/tests $(SANITIZE) -pthread $< collective/ring_engine.c $(CODEC_SRC) -lm -o $@
+
+check-c: $(CODEC_UNIT_TESTS) $(NICD_STRESS) build/test_ring_engine_san
+	for t in $(CODEC_UNIT_TESTS) build/test_ring_engine_san; do ./$$t || exit 1; done
 	for t in $(NICD_STRESS); do ./$$t $(STRESS_SECONDS) || exit 1; done
 
 # libFuzzer targets (clang), also under ASan/UBSan.

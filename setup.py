@@ -1,6 +1,7 @@
 # Only what pyproject.toml cannot say: the C parts.
-#  - cffi extensions: the codecs, the soft NIC's data path, and the tagging contract with the
-#    policy parser (the same C the preload library runs)
+#  - cffi extensions: the codecs, the soft NIC's data path, the tagging contract with the
+#    policy parser (the same C the preload library runs), and the ring engine (the same C the
+#    MPI library runs)
 #  - the tagging shim's LD_PRELOAD library, built as an extension module file so that every
 #    install (editable or wheel) puts it beside inceptionn.shim; it is never imported, only
 #    found by inceptionn.shim.run.preload_library() and handed to the dynamic loader
@@ -56,14 +57,13 @@ for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
         continue
     ext_modules.append(Extension(
         module,
-        sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "collective/ring_handshake.c",
-                 "collective/ring_sha256.c", "collective/nicd_bound.c", "codecs_c/inceptionn_codec.c",
-                 "codecs_c/inceptionn_codec_avx2.c", "codecs_c/blockscale_codec.c"],
+        sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "collective/ring_engine.c",
+                 "collective/ring_handshake.c", "collective/ring_sha256.c", "collective/nicd_bound.c",
+                 "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c", "codecs_c/blockscale_codec.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
-        depends=["collective/pmpi_allreduce.h", "collective/ring_handshake.h", "collective/ring_sha256.h",
-                 "collective/nicd_bound.h", "codecs_c/inceptionn_codec.h", "codecs_c/blockscale_codec.h",
-                 "shim/inceptionn_contract.h",
-                 "shim/log_line.h"],
+        depends=["collective/pmpi_allreduce.h", "collective/ring_engine.h", "collective/ring_handshake.h",
+                 "collective/ring_sha256.h", "collective/nicd_bound.h", "codecs_c/inceptionn_codec.h",
+                 "codecs_c/blockscale_codec.h", "shim/inceptionn_contract.h", "shim/log_line.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
                             "-ffp-contract=off"],  # the same roundings on every host, as the codecs
         library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], "m"], extra_link_args=mpi[3],
@@ -71,6 +71,6 @@ for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
 
 setup(
     cffi_modules=["codecs_c/build_ffi.py:ffibuilder", "daemon/build_ffi.py:ffibuilder",
-                  "shim/build_ffi.py:ffibuilder"],
+                  "shim/build_ffi.py:ffibuilder", "collective/build_ffi.py:ffibuilder"],
     ext_modules=ext_modules,
 )

@@ -44,6 +44,7 @@ from .rendezvous import (MPIExchange, TorchExchange, default_bind_addr, entry, g
 from ..shim.tagging import GRADIENT_TOS
 from .control import (MODE_CODE, OP_ALLREDUCE, OP_BARRIER, OP_REDUCE, OP_VERIFY, OP_WA, REDUCE_OPS,
                       ControlPlane, codec_id, wire_format)
+from . import engine
 from .ring import ring_allreduce
 from .pipeline import Pipeline
 from .stats import CallStats, GroupStats
@@ -346,10 +347,14 @@ class Group:
                 kind = Kind.RING_TAGGED if mode == "nic" else Kind.RING_PLAIN
                 send = self._outgoing(kind, (self.rank + 1) % self.world)
                 recv = self._incoming(kind, (self.rank - 1) % self.world)
+                args = dict(rank=self.rank, world=self.world, send=send, recv=recv,
+                            chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
+                            timers=p.timers, scaled=scale_on)
                 with p.call.timing("exchange_seconds"):
-                    ring_allreduce(work, rank=self.rank, world=self.world, send=send, recv=recv,
-                                   chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
-                                   timers=p.timers, scaled=scale_on)
+                    if engine.supports(mode, cod, scale_on):     # the C ring engine
+                        engine.ring_allreduce(work, timeout=self.timeout, **args)
+                    else:                                        # the other codecs: ring.py
+                        ring_allreduce(work, **args)
             p.remember(sink)
             if average:
                 np.divide(work, np.float32(self.world), out=work)

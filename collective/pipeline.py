@@ -81,5 +81,7 @@ class Pipeline:
             return
         with self.call.timing("scale_seconds"):
             # inf - inf = NaN where a gradient held inf/NaN: never carry that into the next call
-            np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+            # (the ring engine zeroes them already; one check is ~10x cheaper than nan_to_num)
+            if not np.isfinite(sink.lost).all():
+                np.nan_to_num(sink.lost, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
             self.memory.store(self.efkey, sink.lost)

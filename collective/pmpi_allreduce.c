@@ -15,15 +15,12 @@
  * agreed with PMPI_Allreduce(MIN); any failure on any rank makes every rank pass that
  * communicator's calls to PMPI_Allreduce from then on (one warning line). After each taken call
  * the ranks compare a hash of the result and abort the job if it differs (check_result).
- * The ring is collective/ring.py's schedule, driven by one poll() loop: step s sends block
- * (rank - s) mod N and receives block (rank - s - 1) mod N, chunk by chunk, a received chunk
- * forwarded as soon as it is added. Chunks go in wire format v2 (docs/collectives.md): per block
- * of values, an exponent chosen at this hop from the values sent, and the values scaled and
- * reconstructed (codecs_c/blockscale_codec.c, fixed points of the codec: they arrive the same
- * compressed or not); nic mode sends those floats, app mode the codec's framed stream of them.
- * Phase 2 forwards the owner's payload unchanged. Every rank ends bit-identical,
- * and equal bit for bit to collective.Group.allreduce(compress="nic"/"app") on the same inputs.
- * Optional error feedback keeps per (communicator, count) what this rank's receivers lost and adds
+ * The ring itself is collective/ring_engine.c (its schedule, transports and wire are described in
+ * docs/collectives.md, "The ring engine" and "Wire format v2"): nic mode runs its tagged
+ * transport, app mode its codec transport, with the INCEPTIONN codec at the agreed error bound.
+ * Every rank ends bit-identical, and equal bit for bit to
+ * collective.Group.allreduce(compress="nic"/"app") on the same inputs.
+ * Error feedback (on by default) keeps per (communicator, count) what this rank's receivers lost and adds
  * it to the next such call (struct residual).
  */
 #define _GNU_SOURCE
@@ -31,12 +28,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
-#include <math.h>
 #include <mpi.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -47,12 +42,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "blockscale_codec.h"
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "log_line.h"
 #include "nicd_bound.h"
 #include "pmpi_allreduce.h"
+#include "ring_engine.h"
 #include "ring_handshake.h"
 #include "ring_sha256.h"
 
@@ -76,7 +71,7 @@ static struct {
 enum { AGREE_UNSEEN = 0, AGREE_OK, AGREE_OFF };
 static int g_agree = AGREE_UNSEEN;
 
-/* Error feedback (off by default): what this rank's receivers did not get in the last call of
+/* Error feedback (on by default; INCEPTIONN_MPI_ERROR_FEEDBACK=0 turns it off): what this rank's receivers did not get in the last call of
  * the same count on the same communicator, added to the next one. Keyed by (communicator, count),
  * not by buffer: see docs/mpi-allreduce.md. At most INC_MPI_EF_MAX_KEYS per communicator, the
  * least recently used dropped. */
@@ -544,30 +539,7 @@ static struct ring *ring_for(MPI_Comm comm, int size)
     return r;
 }
 
-/* --- the ring ----------------------------------------------------------------------------------- */
-
-struct item {
-    int step;
-    size_t a, b;
-};
-
-/* Items of one direction: steps 0..2N-3, block (rank - s - shift) mod N, cut into chunks. */
-static size_t list_items(struct item *out, int rank, int size, int shift, size_t n, size_t chunk)
-{
-    size_t k = 0;
-    for (int s = 0; s < 2 * size - 2; s++) {
-        int b = ((rank - s - shift) % size + size) % size;
-        size_t lo = (size_t)b * n / (size_t)size, hi = (size_t)(b + 1) * n / (size_t)size;
-        for (size_t a = lo; a < hi; a += chunk)
-            out[k++] = (struct item){s, a, a + chunk < hi ? a + chunk : hi};
-    }
-    return k;
-}
-
-struct frame {          /* app mode: 4-byte little-endian length, then the codec stream */
-    uint8_t *buf;
-    size_t len;
-};
+/* --- the ring: collective/ring_engine.c, this communicator's sockets and settings -------------- */
 
 static void ring_fail(struct ring *r, const char *what)
 {
@@ -577,240 +549,27 @@ static void ring_fail(struct ring *r, const char *what)
     _exit(1);
 }
 
-/* A broken connection is most often the echo of another rank's abort: give mpirun the time to
- * end this rank quietly, so the job shows the first cause only; a peer that really died is still
- * reported a moment later. */
-static void peer_fail(struct ring *r, const char *what)
-{
-    sleep(5);
-    ring_fail(r, what);
-}
-
-/* Wire format v2 (docs/collectives.md): per block of BS_BLOCK_VALUES values, one exponent float
- * and the scaled values through inc_reconstruct (codecs_c/blockscale_codec.h, the same C the
- * Python ring calls). nic mode sends these floats; app mode sends the codec's stream of them. */
-static size_t wire_len(size_t m) { return bs_wire_values(m, BS_BLOCK_VALUES); }
-static size_t frame_cap(size_t m) { return 4 + inc_max_encoded_size(wire_len(m)); }
-
-/* x[0..m) -> its wire floats w; dec (NULL, or x itself) gets what every receiver decodes. */
-static void to_wire(struct ring *r, const float *x, size_t m, float *w, float *dec)
-{
-    ptrdiff_t got = bs_encode(x, m, BS_BLOCK_VALUES, cfg.k, w, wire_len(m), dec);
-    if (got < 0)
-        ring_fail(r, bs_strerror((int)got));
-}
-
-static void from_wire(struct ring *r, const float *w, size_t m, float *out)
-{
-    size_t at = 0;
-    int st = bs_decode(w, wire_len(m), out, m, BS_BLOCK_VALUES, &at);
-    if (st != BS_OK) {
-        char e[160];
-        snprintf(e, sizeof e, "a chunk from the left neighbour does not belong to this call: %s (wire float %zu)",
-                 bs_strerror(st), at);
-        ring_fail(r, e);
-    }
-}
-
-/* app mode: the codec stream of wn wire floats, behind its 4-byte little-endian length */
-static void encode_frame(struct ring *r, const float *w, size_t wn, uint8_t *buf, size_t *len)
-{
-    ptrdiff_t m = inc_encode(w, wn, cfg.k, buf + 4, inc_max_encoded_size(wn), INC_IMPL_AUTO);
-    if (m < 0)
-        ring_fail(r, inc_strerror((int)m));
-    uint32_t l = (uint32_t)m;
-    buf[0] = l & 0xff, buf[1] = (l >> 8) & 0xff, buf[2] = (l >> 16) & 0xff, buf[3] = l >> 24;
-    *len = 4 + (size_t)m;
-}
-
-static void decode_frame(struct ring *r, const uint8_t *buf, size_t len, float *w, size_t wn)
-{
-    int st = inc_decode(buf + 4, len - 4, w, wn, NULL, INC_IMPL_AUTO);
-    if (st != INC_OK) {
-        char m[128];
-        snprintf(m, sizeof m, "bad codec stream from the left neighbour: %s", inc_strerror(st));
-        ring_fail(r, m);
-    }
-}
-
-/* lost[i] = sent[i] - q[i]: what the receivers of sent[i] do not get (error feedback). */
-static void record_lost(float *lost, const float *sent, const float *q, size_t m)
-{
-    for (size_t i = 0; i < m; i++)
-        lost[i] = sent[i] - q[i];
-}
-
-/* A payload kept to forward in phase 2 (the owner's, or one received): the same bytes go on. */
-static void keep_payload(struct ring *r, struct frame *f, const void *src, size_t len)
-{
-    f->buf = malloc(len ? len : 1);
-    if (!f->buf)
-        ring_fail(r, "out of memory");
-    memcpy(f->buf, src, len);
-    f->len = len;
-}
-
-/* Sum x[0..n) over the ring in place. With lost (error feedback), every value this rank puts on
- * the wire in phase 1 and its owned block record sent - received there: one record per position,
- * so lost ends as this rank's whole residual (collective/ring.py's sink). */
+/* Sum x[0..n) over the ring in place (lost: the residual of error feedback, or NULL: added to x
+ * first, then refilled). A failure
+ * aborts the job. A broken connection is most often the echo of another rank's abort: give mpirun
+ * the time to end this rank quietly first, so the job shows the first cause only; a peer that
+ * really died is still reported a moment later. */
 static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 {
-    const int N = r->size, rank = r->rank;
-    const size_t chunk = (size_t)cfg.chunk;
-    size_t per_step = (n / (size_t)N + 1 + chunk - 1) / chunk + 1, cap = (size_t)(2 * N - 2) * per_step;
-    struct item *sends = malloc(cap * sizeof *sends), *recvs = malloc(cap * sizeof *recvs);
-    size_t ns = 0, nr = 0;
-    if (!sends || !recvs)
-        ring_fail(r, "out of memory");
-    ns = list_items(sends, rank, N, 0, n, chunk);
-    nr = list_items(recvs, rank, N, 1, n, chunk);
-    size_t first = 0;                                   /* chunks sent at step 0 */
-    while (first < ns && sends[first].step == 0)
-        first++;
-    const int app = cfg.mode == MODE_APP;
-    const size_t wmax = wire_len(chunk), pmax = app ? frame_cap(chunk) : wmax * sizeof(float);
-    float *tmp = malloc(chunk * sizeof(float));
-    float *wbuf = malloc(wmax * sizeof(float));                 /* wire floats being built or decoded */
-    uint8_t *sbuf = malloc(pmax);                               /* phase 1's outgoing payload */
-    uint8_t *rbuf = malloc(pmax);                               /* the incoming payload */
-    struct frame *keep = calloc(nr ? nr : 1, sizeof *keep);     /* payloads to forward */
-    if (!tmp || !wbuf || !sbuf || !rbuf || !keep)
-        ring_fail(r, "out of memory");
-
-    size_t si = 0, ri = 0;           /* current items */
-    const uint8_t *sp = NULL;        /* what is being sent of item si, and how much is left */
-    size_t sleft = 0, roff = 0, rneed = 0;
-    int sready = 0;
-    while (si < ns || ri < nr) {
-        /* start the next send when its data is there: item j >= first forwards recv item j - first */
-        if (si < ns && !sready && (si < first || ri > si - first)) {
-            struct item it = sends[si];
-            size_t m = it.b - it.a;
-            if (it.step <= N - 2) {
-                /* the decode of what goes out lands in lost, then becomes sent - decoded */
-                float *w = app ? wbuf : (float *)sbuf;
-                to_wire(r, x + it.a, m, w, lost ? lost + it.a : NULL);
-                if (lost)
-                    record_lost(lost + it.a, x + it.a, lost + it.a, m);
-                if (app)
-                    encode_frame(r, wbuf, wire_len(m), sbuf, &sleft);
-                else
-                    sleft = wire_len(m) * sizeof(float);
-                sp = sbuf;
-            } else {
-                sp = keep[si - first].buf;
-                sleft = keep[si - first].len;
-            }
-            sready = 1;
-        }
-        struct pollfd p[2] = {{.fd = r->send_fd, .events = sready ? POLLOUT : 0},
-                              {.fd = r->recv_fd, .events = ri < nr ? POLLIN : 0}};
-        int pr = poll(p, 2, cfg.timeout_ms);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr <= 0) {
-            char m[96];
-            if (pr == 0)
-                snprintf(m, sizeof m, "no progress for %d s (a peer hangs or died)", cfg.timeout_ms / 1000);
-            else
-                snprintf(m, sizeof m, "poll: %s", strerror(errno));
-            ring_fail(r, m);
-        }
-        if (p[0].revents & (POLLERR | POLLHUP) && !(p[0].revents & POLLOUT))
-            peer_fail(r, "the connection to the right neighbour broke");
-        if (sready && (p[0].revents & POLLOUT)) {
-            ssize_t w = send(r->send_fd, sp, sleft, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (w < 0 && errno != EAGAIN && errno != EINTR) {
-                char m[96];
-                snprintf(m, sizeof m, "send to the right neighbour: %s", strerror(errno));
-                peer_fail(r, m);
-            }
-            if (w > 0) {
-                sp += w;
-                sleft -= (size_t)w;
-                if (!sleft) {
-                    if (sends[si].step > N - 2) {
-                        free(keep[si - first].buf);
-                        keep[si - first].buf = NULL;
-                    }
-                    si++;
-                    sready = 0;
-                }
-            }
-        }
-        if (ri < nr && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
-            struct item it = recvs[ri];
-            size_t m = it.b - it.a;
-            if (app) {
-                if (roff < 4)
-                    rneed = 4;
-            } else {
-                rneed = wire_len(m) * sizeof(float);
-            }
-            ssize_t got = recv(r->recv_fd, rbuf + roff, rneed - roff, MSG_DONTWAIT);
-            if (got == 0)
-                peer_fail(r, "the left neighbour closed its connection");
-            if (got < 0 && errno != EAGAIN && errno != EINTR) {
-                char e[96];
-                snprintf(e, sizeof e, "receive from the left neighbour: %s", strerror(errno));
-                peer_fail(r, e);
-            }
-            if (got > 0)
-                roff += (size_t)got;
-            if (app && roff == 4 && rneed == 4) {
-                uint32_t l = rbuf[0] | rbuf[1] << 8 | rbuf[2] << 16 | (uint32_t)rbuf[3] << 24;
-                if (l > inc_max_encoded_size(wire_len(m)))
-                    ring_fail(r, "a codec frame from the left neighbour is longer than its chunk can encode to");
-                rneed = 4 + l;
-                if (l)
-                    continue;
-            }
-            if (roff == rneed && rneed > 0) {
-                /* item complete: its wire floats, then the values */
-                float *xa = x + it.a;
-                const float *w = (const float *)rbuf;
-                if (app) {
-                    decode_frame(r, rbuf, rneed, wbuf, wire_len(m));
-                    w = wbuf;
-                }
-                if (it.step <= N - 2) {
-                    from_wire(r, w, m, tmp);
-                    for (size_t i = 0; i < m; i++)
-                        xa[i] += tmp[i];
-                    if (it.step == N - 2) {                   /* this rank owns the block now */
-                        if (lost)
-                            memcpy(lost + it.a, xa, m * sizeof(float));
-                        to_wire(r, xa, m, wbuf, xa);          /* xa: what every other rank decodes */
-                        if (app) {
-                            keep[ri].buf = malloc(frame_cap(m));
-                            if (!keep[ri].buf)
-                                ring_fail(r, "out of memory");
-                            encode_frame(r, wbuf, wire_len(m), keep[ri].buf, &keep[ri].len);
-                        } else {
-                            keep_payload(r, &keep[ri], wbuf, wire_len(m) * sizeof(float));
-                        }
-                        if (lost)
-                            record_lost(lost + it.a, lost + it.a, xa, m);
-                    }
-                } else {
-                    from_wire(r, w, m, xa);
-                    if (it.step < 2 * N - 3)                  /* forward the same bytes */
-                        keep_payload(r, &keep[ri], rbuf, rneed);
-                }
-                ri++;
-                roff = rneed = 0;
-            }
-        }
-    }
-    for (size_t i = 0; i < nr; i++)
-        free(keep[i].buf);
-    free(keep);
-    free(rbuf);
-    free(sbuf);
-    free(wbuf);
-    free(tmp);
-    free(sends);
-    free(recvs);
+    struct re_codec codec;
+    re_codec_inceptionn(&codec, cfg.k);
+    const struct re_ring rr = {.rank = r->rank, .size = r->size, .send_fd = r->send_fd, .recv_fd = r->recv_fd,
+                               .timeout_ms = cfg.timeout_ms, .chunk = (size_t)cfg.chunk, .codec = &codec,
+                               .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
+    char err[256];
+    if (lost)
+        re_compensate(x, lost, n);     /* error feedback: what the receivers did not get last time */
+    int st = re_allreduce(&rr, x, n, lost, NULL, err, sizeof err);
+    if (st == RE_OK)
+        return;
+    if (st == RE_E_PEER)
+        sleep(5);
+    ring_fail(r, err);
 }
 
 /* --- settings every rank shares: agreed once, in MPI_Init ------------------------------------- */
@@ -1059,14 +818,7 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf)
         memmove(x, sendbuf, n * sizeof(float));
     struct residual *ef = cfg.feedback ? residual_for(r, n) : NULL;
-    if (ef)
-        for (size_t i = 0; i < n; i++)
-            x[i] += ef->lost[i];
-    ring_allreduce(r, x, n, ef ? ef->lost : NULL);
-    if (ef)
-        for (size_t i = 0; i < n; i++)      /* inf - inf where a rank had inf or NaN: never carried on */
-            if (!isfinite(ef->lost[i]))
-                ef->lost[i] = 0;
+    ring_allreduce(r, x, n, ef ? ef->lost : NULL);     /* adds ef->lost first, then refills it */
     double tc = now(), dh = 0;
     check_result(r, x, n, &dh);
     double dc = now() - tc, dt = now() - t0;

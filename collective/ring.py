@@ -1,38 +1,18 @@
-"""The INCEPTIONN gradient-centric ring (docs/spec.md section 2, the paper's Algorithm 1), chunked
-and pipelined over two TCP connections: this rank -> right neighbour (send) and left neighbour ->
-this rank (receive).
+"""The ring's per-chunk transforms in Python (``Wire``), the simulator over them
+(``simulate_ring``, bench scale) and the Python ring for the codecs the C ring engine does not
+run yet.
 
-The vector is cut into N blocks (block b = ``[b*n//N, (b+1)*n//N)``, so any n >= 0 and any
-N >= 2 work, empty blocks included) and every block into chunks of ``chunk_values``. Step s
-(0..2N-3) sends block ``(rank - s) mod N`` and receives block ``(rank - s - 1) mod N``: the block
-received at step s is the one sent at step s+1, so the sender thread forwards chunk c as soon as
-the receiving thread has added it, without waiting for the rest of the step. Steps 0..N-2 are
-phase 1 (receive, add into the local block, pass on): after step N-2 this rank owns the fully
-reduced block ``(rank + 1) mod N``. Steps N-1..2N-3 are phase 2: the reduced blocks travel once
-around the ring and are copied, not added.
-
-Three modes, one schedule; what a chunk becomes on the wire is ``Wire``'s (below, and
-docs/collectives.md "Wire format v2"):
-
-- ``raw``: float32 on an untagged socket; the sum is exact (up to float32 addition order).
-- ``nic``: float32 on a *tagged* socket, so the soft NICs compress both phases. A tagged packet
-  arrives as the codec's reconstruction, or exactly when the NIC sent it raw (not smaller, flow
-  not negotiated, a float split across segments, no daemon at all). So the sender puts only
-  fixed points of the reconstruction on the wire: with scaling (the inceptionn default) each
-  block's exponent float and its values scaled and rounded to what the codec represents, else
-  ``codec.reconstruct(P)`` of its partial sum P. They arrive the same either way: every rank
-  ends bit-identical, error feedback knows exactly what each receiver got, and the result does
-  not depend on whether (or how much of) the traffic the NICs compressed, only the time does.
-- ``app``: the codec runs here, on an untagged socket carrying length-prefixed codec output (of
-  those same floats when scaled). Phase 1 decodes, adds and re-encodes per hop.
-
-In phase 2 the owner turns its reduced block into a payload once and keeps what it decodes to;
-every rank forwards the payload it received unchanged, so all decode the same bytes.
+The ring itself, its schedule, transports and wire, is described once in docs/collectives.md
+("The ring", "The ring engine", "Wire format v2"). ``Group.allreduce`` runs it on the C engine
+(collective/engine.py) for raw floats and the INCEPTIONN codec; ``ring_allreduce`` below runs
+the same schedule in two threads for ``app`` mode with the other codecs (and INCEPTIONN's app
+mode without scaling), which decode, add and re-encode per hop. WA (wa.py) and the simulator
+use ``Wire`` in every mode, so the simulator gives the bits of a real ring (tested).
 
 Error feedback: ``sink.record(a, b, sent, decoded)`` is called for every chunk this rank puts on
 the wire in phase 1 (``decoded`` = what the receiver gets, ``Wire.send``'s second value) and for
-its owned block in phase 2 (R and what the payload decodes to). Over one call that covers every position of the vector
-exactly once, so the caller gets a full residual ``sent - decoded``.
+its owned block in phase 2 (R and what the payload decodes to). Over one call that covers every
+position of the vector exactly once, so the caller gets a full residual ``sent - decoded``.
 """
 from __future__ import annotations
 
@@ -182,8 +162,10 @@ def receive(wire: Wire, payload, out: np.ndarray) -> None:
 def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv: Conn, chunk_values: int,
                    mode: str, codec=None, sink=None, timers: Timers | None = None,
                    frame_limit: int | None = None, scaled: bool = False) -> None:
-    """Sum ``work`` (float32, 1-D, contiguous) over the ring in place."""
-    assert mode in MODES and world >= 2
+    """Sum ``work`` (float32, 1-D, contiguous) over the ring in place, in ``app`` mode, for the
+    codecs the ring engine does not run yet (collective/engine.py ``supports``; the engine runs
+    raw, nic and INCEPTIONN's app mode). The same schedule as the engine, in two threads."""
+    assert mode == "app" and world >= 2
     timers = timers or Timers()
     wire = Wire(mode, codec, scaled=scaled, need_decoded=sink is not None)
     n = work.size
@@ -193,7 +175,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     recvs = [(s, a, b) for s in range(steps) for a, b in chunk_list(*bounds[(rank - s - 1) % world], chunk_values)]
     first = len(chunk_list(*bounds[rank % world], chunk_values))   # chunks sent at step 0
     keep: dict[int, object] = {}                                     # recv item -> payload to forward
-    lock = contextlib.nullcontext() if codec is None or codec.thread_safe else threading.Lock()
+    lock = contextlib.nullcontext() if codec.thread_safe else threading.Lock()
     cmax = min(chunk_values, max(n, 1))
     limit = frame_limit or (8 * 4 * wire.wire_floats(cmax) + 65536)
     prog = _Progress()
@@ -205,12 +187,6 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
         timers.add(what, time.perf_counter() - t)
         return r
 
-    def put(payload) -> None:
-        if mode == "app":
-            send.send_frame(payload)
-        else:
-            send.send(payload)
-
     def sender():
         try:
             for j, (s, a, b) in enumerate(sends):
@@ -218,28 +194,17 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                     prog.wait_for(j - first + 1)
                 chunk = work[a:b]
                 if s <= world - 2:                       # phase 1: this rank's partial sum
-                    payload, dec = timed("codec", wire.send, chunk) if mode != "raw" else (chunk, None)
+                    payload, dec = timed("codec", wire.send, chunk)
                     if sink is not None:
                         sink.record(a, b, chunk, dec)
-                    put(payload)
+                    send.send_frame(payload)
                 else:                                    # phase 2: reduced values, forwarded as they came
-                    put(keep.pop(j - first) if not wire.direct else chunk)
+                    send.send_frame(keep.pop(j - first))
         except _Aborted:
             return
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread
             prog.fail(e)
             recv.close()  # wake the receiving side if it waits on a peer
-
-    def take(m: int, into: np.ndarray):
-        """The next payload of a chunk of ``m`` values (straight into ``into`` when direct)."""
-        if mode == "app":
-            return recv.recv_frame(limit)
-        if wire.direct:
-            recv.recv_into(into)
-            return into
-        buf = np.empty(wire.wire_floats(m), dtype=np.float32)
-        recv.recv_into(buf)
-        return buf
 
     t = threading.Thread(target=sender, name=f"inceptionn-ring-send-{rank}", daemon=True)
     t.start()
@@ -251,22 +216,19 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
             dst = work[a:b]
             if s <= world - 2:                           # phase 1: receive and add
                 part = tmp[: b - a]
-                payload = take(b - a, part)
-                if mode != "raw":
-                    timed("codec", receive, wire, payload, part)
+                payload = recv.recv_frame(limit)
+                timed("codec", receive, wire, payload, part)
                 timed("sum", np.add, dst, part, dst)
-                if s == world - 2 and mode != "raw":     # the block this rank owns is complete
+                if s == world - 2:                       # the block this rank owns is complete
                     before = dst.copy() if sink is not None else None
                     payload = timed("codec", wire.own, dst)
                     if sink is not None:
                         sink.record(a, b, before, dst)
-                    if not wire.direct:
-                        keep[i] = payload
+                    keep[i] = payload
             else:                                        # phase 2: the final values
-                payload = take(b - a, dst)
-                if mode != "raw":
-                    timed("codec", receive, wire, payload, dst)
-                if s < steps - 1 and not wire.direct:
+                payload = recv.recv_frame(limit)
+                timed("codec", receive, wire, payload, dst)
+                if s < steps - 1:
                     keep[i] = payload
             prog.mark()
     except BaseException as e:

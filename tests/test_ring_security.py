@@ -104,6 +104,26 @@ def test_handshake_under_asan_beside_hostile_connections(tmp_path):
     assert "could not prove the communicator's secret" in lines[1] or "closed the connection" in lines[1], lines
 
 
+def test_ring_engine_under_asan_beside_hostile_neighbours(tmp_path):
+    """collective/ring_engine.c without MPI (tests/shim_progs/ring_engine_asan.c): rings of 2-5
+    threads over socket pairs on every transport agree bit for bit (tagged = codec), error
+    feedback's residuals add up, and a left neighbour sending a bad exponent, a value out of its
+    block's range, a frame longer than its chunk, a corrupt stream, a cut chunk or nothing fails
+    the call with its own status, under ASan/UBSan."""
+    exe = tmp_path / "ring_engine_asan"
+    codecs = ROOT / "codecs_c"
+    subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+                    "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-pthread",
+                    *(f"-I{p}" for p in (ROOT / "collective", codecs, codecs / "tests")),
+                    str(PROGS / "ring_engine_asan.c"), str(ROOT / "collective" / "ring_engine.c"),
+                    *(str(codecs / f) for f in ("blockscale_codec.c", "inceptionn_codec.c", "inceptionn_codec_avx2.c")),
+                    "-lm", "-o", str(exe)], check=True)
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
+    print("\n" + r.stdout)
+    assert r.returncode == 0 and "runtime error" not in r.stderr, r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1].endswith(" passed, 0 failed"), r.stdout
+
+
 def test_stats_parser_finds_the_bound_and_reads_nothing_past_the_document(tmp_path):
     """collective/nicd_bound.c on the daemon's own snapshot (daemon/nicd.py's shape), every cut of
     it, and documents that put "error_bound" where it is not the config's, under ASan/UBSan."""
