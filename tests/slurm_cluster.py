@@ -132,9 +132,15 @@ class SlurmCluster:
 
     def run(self, argv: list[str], *, env: dict | None = None, timeout: float = 180,
             cwd: str | None = None) -> subprocess.CompletedProcess:
-        """A client command (srun, sbatch, sinfo) in the first node's namespace."""
-        return subprocess.run(["nsenter", f"--net=/run/netns/{self.nodes[0].netns}", *argv], capture_output=True,
-                              text=True, timeout=timeout, env=env or self.env(), cwd=cwd)
+        """A client command (srun, sbatch, sinfo) in the first node's namespace. On a timeout, the
+        command's own output and the daemons' logs (a timeout's repr would cut both short)."""
+        try:
+            return subprocess.run(["nsenter", f"--net=/run/netns/{self.nodes[0].netns}", *argv], capture_output=True,
+                                  text=True, timeout=timeout, env=env or self.env(), cwd=cwd)
+        except subprocess.TimeoutExpired as e:
+            out = "\n".join(x.decode(errors="replace") if isinstance(x, bytes) else x
+                            for x in (e.stdout, e.stderr) if x)
+            raise AssertionError(f"no end in {timeout} s: {' '.join(argv)}\n{out[-6000:]}\n{self.logs()}") from None
 
     def stop(self) -> None:
         for p in self.procs:
