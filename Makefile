@@ -119,6 +119,11 @@ $(FUZZ_RUNS_TARGETS): fuzz-%: build/fuzz_%
 clean:
 	rm -rf build $(VENV) *.egg-info codecs_c/_native.c codecs_c/*.so daemon/*.so shim/*.so
 
+# The soft NIC's gso transform alone (docs/perf.md): ./build/bench_nicd_packet [codec] [iterations]
+build/bench_nicd_packet: daemon/tests/bench_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	$(CC) -O3 -std=gnu11 -fno-strict-aliasing -ffp-contract=off -Idaemon -Icodecs_c $< daemon/nicd_packet.c codecs_c/inceptionn_codec.c codecs_c/inceptionn_codec_avx2.c -lm -o $@
+
 # C perf harness (synthetic data, no Python): ./build/bench_codec [n] [log10 scale] [k]
 build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build

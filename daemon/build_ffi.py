@@ -23,7 +23,9 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "inceptionn.daemon._datapath",
     '#include "nicd_packet.h"\n#include "nicd_flows.h"\n#include "nicd_pmtu.h"\n#include "nicd_conntrack.h"\n#include "nicd_queue.h"',
-    sources=[rel(HERE, s) for s in ("nicd_packet.c", "nicd_flows.c", "nicd_pmtu.c", "nicd_conntrack.c", "nicd_queue.c")]
+    # the queue loop's files: nicd_queue_int.h says which job each has
+    sources=[rel(HERE, s) for s in ("nicd_packet.c", "nicd_flows.c", "nicd_pmtu.c", "nicd_conntrack.c", "nicd_queue.c",
+                                    "nicd_egress.c", "nicd_ingress.c", "nicd_handshake.c", "nicd_gso.c")]
     + [rel(CODECS, s) for s in ("inceptionn_codec.c", "inceptionn_codec_avx2.c")],
     include_dirs=[rel(HERE), rel(CODECS)],
     libraries=["netfilter_queue", "nfnetlink", "pthread"],

@@ -353,6 +353,59 @@ void nicd_scale(float *v, size_t n, int x)
     }
 }
 
+/* The tier counters (nicd_compress_codec's and nicd_compress_gso_codec's `tiers`) are read off
+ * the tag words of the stream we just encoded, in the walk that finds its groups anyway: one table
+ * lookup per tag byte (4 lanes) gives the lanes' payload bytes and their tiers, so neither a second
+ * pass over the stream (inc_stream_histogram validates each group as a decoder must, which our own
+ * encoder's output does not need) nor a loop over the lanes is paid. A tag byte's 8-bit, 16-bit and
+ * 32-bit lanes are counted in three 21-bit fields of one word: a packet's at most 16384 values
+ * never carry into the next field. */
+#define TIER_FIELD 21
+#define TIER_MASK ((1u << TIER_FIELD) - 1)
+static uint8_t tag_bytes[256];  /* payload bytes of the 4 lanes a tag byte describes */
+static uint64_t tag_tiers[256]; /* their 8-, 16- and 32-bit lanes, one field each */
+
+__attribute__((constructor)) static void build_tag_tables(void)
+{
+    static const uint8_t lane[4] = {0, 1, 2, 4};
+    for (unsigned b = 0; b < 256; b++) {
+        uint64_t t = 0;
+        unsigned bytes = 0;
+        for (int i = 0; i < 4; i++) {
+            unsigned tag = (b >> (2 * i)) & 3;
+            bytes += lane[tag];
+            if (tag)
+                t += (uint64_t)1 << (TIER_FIELD * (tag - 1));
+        }
+        tag_bytes[b] = (uint8_t)bytes;
+        tag_tiers[b] = t;
+    }
+}
+
+/* Bytes of one encoded group from its tag word: 2 + each lane's 0, 1, 2 or 4 bytes. */
+static size_t group_bytes(const uint8_t *g)
+{
+    return 2 + (size_t)tag_bytes[g[0]] + tag_bytes[g[1]];
+}
+
+/* The tier counts one sum of tag_tiers stands for, added to tiers[4]: n values in all, those not
+ * in a field sent in the 0-bit tier (the padding lanes of a last group are 0-bit and not among n). */
+static void add_tiers(uint64_t acc, size_t n, uint64_t *tiers)
+{
+    uint64_t n8 = acc & TIER_MASK, n16 = (acc >> TIER_FIELD) & TIER_MASK, n32 = (acc >> (2 * TIER_FIELD)) & TIER_MASK;
+    tiers[0] += n - n8 - n16 - n32;
+    tiers[1] += n8, tiers[2] += n16, tiers[3] += n32;
+}
+
+/* The tier counts of a stream of n values our encoder wrote (slen bytes, well formed). */
+static void stream_tiers(const uint8_t *s, size_t slen, size_t n, uint64_t *tiers)
+{
+    uint64_t acc = 0;
+    for (size_t at = 0; at + 2 <= slen; at += group_bytes(s + at))
+        acc += tag_tiers[s[at]] + tag_tiers[s[at + 1]];
+    add_tiers(acc, n, tiers);
+}
+
 ptrdiff_t nicd_compress(const struct nicd_pkt *p, uint32_t stream_off, int error_bound,
                         uint8_t tos, uint16_t echo, uint8_t *out, size_t cap, float *scratch, uint64_t *tiers)
 {
@@ -388,7 +441,7 @@ ptrdiff_t nicd_compress_codec(const struct nicd_pkt *p, uint32_t stream_off, int
     if (slen < 0)
         return NICD_E_SPACE;
     if (tiers)
-        inc_stream_histogram(c + NICD_HDR_LEN + head, (size_t)slen, n, tiers);
+        stream_tiers(c + NICD_HDR_LEN + head, (size_t)slen, n, tiers);
 
     memcpy(out, p->ip, p->payload_off);
     memcpy(c + NICD_HDR_LEN, src, head);
@@ -401,15 +454,6 @@ ptrdiff_t nicd_compress_codec(const struct nicd_pkt *p, uint32_t stream_off, int
     return (ptrdiff_t)len;
 }
 
-/* Bytes of one encoded group from its tag word: 2 + each lane's 0, 1, 2 or 4 bytes. */
-static size_t group_bytes(const uint8_t *g)
-{
-    static const uint8_t lane[4] = {0, 1, 2, 4};
-    size_t n = 2;
-    for (int i = 0; i < 8; i++)
-        n += lane[(g[i / 4] >> (2 * (i % 4))) & 3];
-    return n;
-}
 
 /* One segment of nicd_compress_gso: the original's headers, then the shim header, `head` raw
  * bytes, the stream slice, `tail` raw bytes; seq advanced by `off` original payload bytes. */
@@ -477,14 +521,13 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
     ptrdiff_t slen = inc_encode(scratch, n, error_bound, stream, stream_cap, INC_IMPL_AUTO);
     if (slen < 0)
         return NICD_E_SPACE;
-    if (tiers)
-        inc_stream_histogram(stream, (size_t)slen, n, tiers);
 
     /* Greedy: each packet takes whole groups while they fit (the fewest packets for ranges in
      * order); the first also carries `head`, the last `tail`. When what is left needs exactly
      * two packets, they share it evenly: a last packet of a few floats could not shrink below
      * its shim header, and would leave the whole super-packet raw. */
     size_t groups = (n + 7) / 8, g = 0, at = 0, used = 0;
+    uint64_t acc = 0; /* the tiers of the groups walked (stream_tiers) */
     int segs = 0;
     while (g < groups) {
         size_t g0 = g, s0 = at, bytes = 0;
@@ -495,6 +538,7 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
             size_t b = group_bytes(stream + at);
             if (bytes + b + ends > room || bytes + ends >= half)
                 break;
+            acc += tag_tiers[stream[at]] + tag_tiers[stream[at + 1]];
             bytes += b, at += b, g++;
         }
         if (g == g0 || segs == max_segs) /* cannot happen with the room checked above */
@@ -514,6 +558,8 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
         used += seg_len[segs++];
     }
     *nsegs = segs;
+    if (tiers) /* counted only for a super-packet that leaves compressed */
+        add_tiers(acc, n, tiers);
     return (ptrdiff_t)used;
 }
 

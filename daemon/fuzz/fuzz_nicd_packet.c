@@ -15,9 +15,12 @@
  * the 40-byte header and 40 + payload length bytes, and every packet made from it keeps its
  * payload length field right. Every parsed IPv4 packet's TCP segment is also put behind an IPv6
  * header: it must compress to the same payload bytes and restore to the same segment (the
- * transforms do not depend on the family but for the headers and the pseudo-header).
+ * transforms do not depend on the family but for the headers and the pseudo-header). The tier
+ * counts the compressors return (read off the tag words while cutting) must equal what
+ * inc_stream_histogram, the validating count, reads from the packets they wrote.
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
+#include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "nicd_packet.h"
 
@@ -37,6 +40,17 @@ static void check_len_field(const struct nicd_pkt *p, const uint8_t *b, size_t l
         abort();
 }
 
+/* Add the tier counts of compressed packet c's group stream to t (its header says where the
+ * stream lies and how many floats it holds); abort if inc_stream_histogram refuses it. */
+static void add_stream_tiers(const struct nicd_pkt *c, uint64_t t[4])
+{
+    const uint8_t *h = c->ip + c->payload_off;
+    size_t head = h[2] & 3, tail = (h[2] >> 2) & 3, n = (size_t)h[4] | ((size_t)h[5] << 8);
+    if (c->payload_len < NICD_HDR_LEN + head + tail ||
+        inc_stream_histogram(h + NICD_HDR_LEN + head, c->payload_len - NICD_HDR_LEN - head - tail, n, t) != INC_OK)
+        abort();
+}
+
 /* The GSO path: a parsed packet taken as a super-packet, cut for a few MTUs. Every packet must
  * fit the MTU, be smaller than the range it covers, and restore to exactly that range's length
  * at exactly that range's seq; the ranges must cover the payload once, in order. */
@@ -47,8 +61,9 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off, int codec)
     for (size_t m = 0; m < sizeof mtus / sizeof *mtus; m++) {
         int n = 0;
         uint16_t echo = (uint16_t)((p->seq ^ mtus[m]) & NICD_ECHO_MASK);
+        uint64_t tiers[4] = {0, 0, 0, 0}, want[4] = {0, 0, 0, 0};
         ptrdiff_t r = nicd_compress_gso_codec(p, off, codec, -10, 0x2C, echo, mtus[m], segs, sizeof segs, len, &n,
-                                              64, scratch, stream, sizeof stream, NULL);
+                                              64, scratch, stream, sizeof stream, tiers);
         if (r <= (ptrdiff_t)NICD_TOO_SHORT)
             continue;
         size_t at = 0, covered = 0;
@@ -61,13 +76,14 @@ static void check_gso(const struct nicd_pkt *p, uint32_t off, int codec)
             /* one exponent per super-packet: every packet cut from it carries the first one's */
             if (nicd_codec_of(&c) != codec || segs[at + c.payload_off + NICD_SCALE_AT] != segs[c.payload_off + NICD_SCALE_AT])
                 abort();
+            add_stream_tiers(&c, want);
             ptrdiff_t b = nicd_restore(&c, INCEPTIONN_TOS_TAGGED, back, sizeof back, scratch);
             if (b <= 0 || c.payload_len >= (size_t)b - c.payload_off)
                 abort(); /* restores, and was smaller than what it covers */
             covered += (size_t)b - c.payload_off;
             at += len[i];
         }
-        if (covered != p->payload_len || at != (size_t)r)
+        if (covered != p->payload_len || at != (size_t)r || memcmp(tiers, want, sizeof tiers) != 0)
             abort();
     }
 }
@@ -207,13 +223,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_gso(&p, (uint32_t)size & 3, codec);
             for (uint32_t off = 0; off < 4; off++) {
                 uint16_t echo = (uint16_t)((p.ack + off) & NICD_ECHO_MASK);
-                ptrdiff_t r = nicd_compress_codec(&p, off, codec, -10, 0x2C, echo, out, sizeof out, scratch, NULL);
+                uint64_t tiers[4] = {0, 0, 0, 0}, want[4] = {0, 0, 0, 0};
+                ptrdiff_t r = nicd_compress_codec(&p, off, codec, -10, 0x2C, echo, out, sizeof out, scratch, tiers);
                 if (r > (ptrdiff_t)NICD_TOO_SHORT) {
                     if ((size_t)r >= p.len)
                         abort(); /* never bigger */
                     struct nicd_pkt c;
                     if (nicd_parse(out, (size_t)r, &c) != NICD_OK || nicd_codec_of(&c) != codec ||
                         !nicd_marked_checksum(&c) || nicd_echo(&c) != echo)
+                        abort();
+                    add_stream_tiers(&c, want);
+                    if (memcmp(tiers, want, sizeof tiers) != 0)
                         abort();
                     int8_t x = (int8_t)out[c.payload_off + NICD_SCALE_AT];
                     if (codec == NICD_CODEC_INCEPTIONN ? x != 0 : (x < -NICD_SCALE_MAX || x > NICD_SCALE_MAX))
