@@ -7,6 +7,7 @@ keeps the API, the rendezvous, the control rounds and the checks around it."""
 from __future__ import annotations
 
 import math
+import socket
 
 import numpy as np
 
@@ -22,11 +23,36 @@ class EngineError(RuntimeError):
 
 
 def supports(mode: str, codec, scaled: bool) -> bool:
-    """raw floats; the INCEPTIONN codec on the tagged socket (scaled or not) or in the process
-    (scaled: wire format v2)."""
+    """raw floats; on the tagged socket the INCEPTIONN codec (scaled or not) and any other per-value
+    codec (its ``reconstruct`` called back from the engine; scaled, INCEPTIONN's at its bound, as
+    ring.Wire does); in the process the INCEPTIONN codec scaled (wire format v2)."""
     if mode == "raw":
         return True
-    return type(codec) is InceptionnCodec and (mode == "nic" or scaled)
+    if mode == "nic":
+        return type(codec) is InceptionnCodec or codec.per_value
+    return type(codec) is InceptionnCodec and scaled
+
+
+def _reconstruct_callback(codec, failures: list, conns):
+    """The codec's Python ``reconstruct`` as the engine's (the engine calls it with the GIL taken
+    back). An exception is kept in ``failures`` and raised after the call; the ring's connections
+    are shut down at once, so that nothing this rank has not reconstructed goes out and its
+    neighbours fail too instead of summing it."""
+    def reconstruct(_c, x, n, out):
+        try:
+            src = np.frombuffer(ffi.buffer(x, n * 4), np.float32)
+            dst = np.frombuffer(ffi.buffer(out, n * 4), np.float32)
+            got = codec.reconstruct(src, dst)
+            if got is not dst:
+                dst[:] = got
+        except BaseException as e:      # noqa: BLE001 - nothing may unwind through C
+            failures.append(e)
+            for conn in conns:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+    return ffi.callback(ffi.typeof(ffi.new("struct re_codec *").reconstruct), reconstruct)
 
 
 def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv: Conn, chunk_values: int,
@@ -37,9 +63,21 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     already)."""
     assert supports(mode, codec, scaled) and world >= 2
     c = ffi.new("struct re_codec *")
+    failures: list = []
+    callback = None
     if mode != "raw":
-        lib.re_codec_inceptionn(c, codec.error_bound)
-        c.scaled = int(bool(scaled))
+        if type(codec) is InceptionnCodec or scaled:
+            k = getattr(codec, "error_bound", None)
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+                raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
+                                 "per-block scaling runs INCEPTIONN's reconstruction at that bound")
+            lib.re_codec_inceptionn(c, int(k))
+            c.scaled = int(bool(scaled))
+        else:                           # another per-value codec on the tagged socket
+            lib.re_codec_inceptionn(c, -10)    # for its error text only: reconstruct is the codec's
+            c.scaled = 0
+            callback = _reconstruct_callback(codec, failures, (send, recv))
+            c.reconstruct = callback
     r = ffi.new("struct re_ring *")
     r.rank, r.size, r.chunk = rank, world, chunk_values
     r.send_fd, r.recv_fd = send.sock.fileno(), recv.sock.fileno()
@@ -57,6 +95,8 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     if timers is not None:
         timers.add("codec", stats.codec_seconds)
         timers.add("sum", stats.sum_seconds)
+    if failures:
+        raise failures[0]
     if st == lib.RE_OK:
         return
     msg = ffi.string(err).decode(errors="replace")

@@ -423,6 +423,62 @@ class EagerFloat16Codec(Float16Codec):
     per_value = wants_error_feedback = True
 
 
+class GridCodec(Codec):
+    """A per-value codec of our own for the tagged path: its reconstruction is the nearest multiple
+    of 2^-8 (as a soft NIC running it would deliver). Counts the values it reconstructs."""
+
+    name = "grid8test"
+    per_value = True
+    thread_safe = True
+
+    def __init__(self, fail=False):
+        self._values, self._fail = 0, fail     # private: not part of the codec's identity (codec_id)
+
+    def encode(self, x):
+        return np.ascontiguousarray(x, np.float32).tobytes()
+
+    def decode_into(self, blob, out):
+        out[:] = np.frombuffer(blob, np.float32, out.size)
+        return out
+
+    def reconstruct(self, x, out=None):
+        if self._fail:
+            raise ArithmeticError("grid8test: refused")
+        self._values += x.size
+        return np.multiply(np.round(x * 256), np.float32(1 / 256), out=out, dtype=np.float32)
+
+
+def _grid_run(g, rank, n, fail):
+    c = GridCodec(fail=fail and rank == 1)
+    try:
+        return True, g.allreduce(data(rank, n, scale=0.1), compress="nic", codec=c, error_feedback=False), c._values
+    except ArithmeticError as e:
+        return False, str(e), c._values
+    except (ConnectionError, TimeoutError) as e:      # the neighbours of the rank that failed
+        return False, type(e).__name__, c._values
+
+
+def test_nic_mode_runs_a_python_per_value_codec_inside_the_ring_engine():
+    """compress="nic" with a per-value codec other than INCEPTIONN: the C ring engine calls its
+    Python ``reconstruct`` at every hop (what every receiver gets on the tagged socket), so the
+    ranks end bit-identical on the codec's grid, near the exact sum. An exception in the codec
+    reaches the caller of the rank whose codec raised it, and the other ranks fail instead of
+    returning a sum."""
+    world, n = 3, 30_000
+    res = run_ranks(world, _grid_run, n, False)                         # [(ok, sum, values seen)] by rank
+    assert all(ok for ok, _, _ in res), res
+    outs = [out for _, out, _ in res]
+    assert same_bits(outs)
+    assert np.array_equal(outs[0], np.round(outs[0] * 256) / 256)       # on the grid: the owner's reconstruction
+    exact = sum(data(r, n, scale=0.1).astype(np.float64) for r in range(world))
+    assert np.abs(outs[0] - exact).max() <= world * 2 ** -9 + 1e-6     # one rounding per hop, at most
+    assert all(v >= n for _, _, v in res)                               # the codec saw every value
+    res = run_ranks(world, _grid_run, n, True)
+    assert res[1][:2] == (False, "grid8test: refused"), res[1]
+    # its neighbours fail too (the ring's connections shut at once), none returns a sum
+    assert [r[:2] for r in res[::2]] == [(False, "ConnectionError")] * 2, res
+
+
 def _traits_run(g, rank, cls, n):
     c = cls()
     g.allreduce(data(rank, n), compress="app", codec=c)

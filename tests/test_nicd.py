@@ -395,8 +395,9 @@ def test_tagged_and_untagged_in_parallel(tmp_path, small, grads):
 def test_unaligned_segments_and_odd_tail(tmp_path, small, mss, family):
     """MSS not a multiple of 4 (payload mss - 12 with timestamps): segments start anywhere in a
     float. Whole aligned words are compressed; a float split over two segments travels raw in
-    the head/tail bytes of both (docs/design.md rule 2), so it arrives as the original value. A stream
-    length that is not a multiple of 4 ends in raw tail bytes."""
+    the head/tail bytes of both (docs/design.md rule 2), so it arrives as the original value (or,
+    where TCP re-cuts a retransmission, as a byte-wise mix of the original and the reconstruction).
+    A stream length that is not a multiple of 4 ends in raw tail bytes."""
     x = small[: 300_000]
     tail = b"\x01\x02\x03"
     data = x.tobytes() + tail
@@ -404,25 +405,16 @@ def test_unaligned_segments_and_odd_tail(tmp_path, small, mss, family):
     # the stream must still take over 100 of them
     with make_testbed(mtu=1500, ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
-        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
-            got = transfer(h1, h2, data, tmp_path, mss=mss, family=family)
-            c1, c2 = d1.counters(), d2.counters()
-    want = recon(x, -10)
-    assert len(got) == len(data)
+        got, c1, c2, raw = nicd_transfer(h1, h2, data, tmp_path, mss=mss, family=family)
     assert got[-3:] == tail, "the odd tail bytes changed"
-    g = np.frombuffer(got, np.uint32, x.size)
-    w, o = want.view(np.uint32), x.view(np.uint32)
-    differ = np.flatnonzero(g != w)
-    assert (g[differ] == o[differ]).all(), \
-        f"{(g[differ] != o[differ]).sum()} values are neither the reconstruction nor the original"
-    compressed_words = c1["tier0"] + c1["tier8"] + c1["tier16"] + c1["tier32"]
-    straddling = x.size - compressed_words  # words that went raw in a head or tail
-    assert straddling <= c1["egress_compressed"] + c1["egress_raw_bytes"] // 4 + 1
-    assert differ.size <= straddling, (differ.size, straddling)
-    assert straddling > 0, "no segment started inside a float: MSS had no effect"
-    assert raw_edge_bytes(c1) > 0, "no compressed packet carried a cut float raw"
+    # Every byte is the reconstruction's or the original's, and no more bytes are the original's
+    # than were sent raw (cut floats at packet edges, short segments). The bound holds whatever
+    # TCP retransmits; the tier counters do not (a retransmitted segment is counted again).
+    assert_restored_or_raw(got, data, recon(x, -10).tobytes() + tail, raw, "unaligned stream")
+    assert raw_edge_bytes(c1) > 0, "no compressed packet carried a cut float raw: MSS had no effect"
     assert c1["egress_compressed"] > 100
-    assert c2["ingress_restored"] == c1["egress_compressed"]
+    # a compressed packet is restored or dropped (a full queue), never delivered as it is
+    assert 0 < c2["ingress_restored"] <= c1["egress_compressed"]
 
 
 # --- 5. random loss ----------------------------------------------------------------------------
