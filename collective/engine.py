@@ -13,7 +13,7 @@ import numpy as np
 
 from ..codecs.inceptionn import InceptionnCodec
 from ._engine import ffi, lib
-from .ring import WireError
+from .ring import WireError, scaling_bound
 from .stats import Timers
 from .transport import Conn
 
@@ -67,11 +67,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     callback = None
     if mode != "raw":
         if type(codec) is InceptionnCodec or scaled:
-            k = getattr(codec, "error_bound", None)
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-                raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
-                                 "per-block scaling runs INCEPTIONN's reconstruction at that bound")
-            lib.re_codec_inceptionn(c, int(k))
+            lib.re_codec_inceptionn(c, scaling_bound(codec))
             c.scaled = int(bool(scaled))
         else:                           # another per-value codec on the tagged socket
             lib.re_codec_inceptionn(c, -10)    # for its error text only: reconstruct is the codec's

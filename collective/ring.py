@@ -66,6 +66,15 @@ class _Aborted(Exception):
     pass
 
 
+def scaling_bound(codec) -> int:
+    """The error bound the per-block scaling runs INCEPTIONN's reconstruction at: the codec's."""
+    k = getattr(codec, "error_bound", None)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
+                         "per-block scaling runs INCEPTIONN's reconstruction at that bound")
+    return int(k)
+
+
 class Wire:
     """The per-chunk transforms of one call, shared by the socket ring, WA and the simulator
     (bench/scale.py), so that all three produce the same bits.
@@ -92,11 +101,7 @@ class Wire:
         self.need_decoded = need_decoded        # False: send() may skip what the receiver decodes
         self.bs = None
         if self.scaled:
-            k = getattr(codec, "error_bound", None)
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-                raise ValueError(f"codec {codec.name!r} asks for scaling but has no integer error_bound: the "
-                                 "per-block scaling runs INCEPTIONN's reconstruction at that bound")
-            self.bs = BlockScale(int(k), block, headroom)   # other sizes only to measure them (bench scale)
+            self.bs = BlockScale(scaling_bound(codec), block, headroom)   # other sizes only to measure them
         # the wire is the values themselves: received straight into the destination
         self.direct = mode == "raw" or (mode == "nic" and not self.scaled)
 
