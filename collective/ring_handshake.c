@@ -350,5 +350,7 @@ done:
         close(*recv_fd);
         *recv_fd = -1;
     }
+    if (rc != 0)
+        shutdown(p->lfd, SHUT_RDWR);   /* resets what waits in the accept queue, refuses what comes */
     return rc;
 }

@@ -35,14 +35,16 @@ struct ring_hs {
     uint32_t left_addr;           /* network order: the only source address accepted */
     uint32_t right_addr;          /* network order */
     uint16_t right_port;          /* network order */
-    int lfd;                      /* the listener (made non-blocking here) */
+    int lfd;                      /* the listener (made non-blocking here; shut down on failure) */
 };
 
-/* 0 with *send_fd (to the right) and *recv_fd (from the left) proven; -1 with why filled in.
- * *refused counts the connections closed unproven. */
 /* len bytes from getrandom() (the secret's shares, the nonces); 0, or -1 with errno */
 int ring_random_bytes(uint8_t *out, size_t len);
 
+/* 0 with *send_fd (to the right) and *recv_fd (from the left) proven; -1 with why filled in.
+ * *refused counts the connections closed unproven. On failure the listener is shut down, so
+ * that the left neighbour's connection is reset at once (and a later one refused) instead of
+ * waiting out its deadline while this rank waits for the others to agree on the fallback. */
 int ring_handshake(const struct ring_hs *p, int *send_fd, int *recv_fd, int *refused, char *why, size_t whylen);
 
 #endif

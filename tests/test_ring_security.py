@@ -89,7 +89,7 @@ def test_sha256_and_hmac_match_hashlib(tmp_path):
 def test_handshake_under_asan_beside_hostile_connections(tmp_path):
     """collective/ring_handshake.c without MPI (tests/shim_progs/ring_handshake_asan.c): two ranks
     as threads finish proven beside random bytes, NaNs, a forged proof, a held half hello and a
-    trickled one on both listeners; with different secrets both fail (within the deadline)."""
+    trickled one on both listeners; with different secrets both fail before the deadline."""
     exe = tmp_path / "ring_handshake_asan"
     subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
                     "-fno-sanitize-recover=all", "-pthread", *(f"-I{ROOT / d}" for d in ("collective", "codecs_c", "shim")),
@@ -100,8 +100,10 @@ def test_handshake_under_asan_beside_hostile_connections(tmp_path):
     assert r.returncode == 0 and "runtime error" not in r.stderr, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and all(ln.endswith(" ok") for ln in lines), r.stdout
-    # whichever connector checks its challenge first fails and closes its side: the other sees that
-    assert "could not prove the communicator's secret" in lines[1] or "closed the connection" in lines[1], lines
+    # whichever connector checks its challenge first fails; the other sees its connection reset (or
+    # refused) by that rank's shut listener, or fails its own check: never the deadline
+    assert "could not prove the communicator's secret" in lines[1], lines
+    assert "did not finish" not in lines[1] and "no connection proven" not in lines[1], lines
 
 
 def test_ring_engine_under_asan_beside_hostile_neighbours(tmp_path):
