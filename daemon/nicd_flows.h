@@ -111,7 +111,8 @@ int nicd_flows_close(const struct nicd_flow_key *k, int rst);
 /* A negotiated flow gives up compressing (NICD_FLOW_GIVE_UP) when its compressed packets do not
  * get through, seen as TCP sending the same data again: the same range sent NICD_RETX_LIMIT
  * times over NICD_RETX_SECONDS (a middlebox that drops the ACKs or the packets every time; a
- * receiving daemon that restarts within that time finds the flow still compressed), or more than half of the
+ * receiving daemon back within half that time finds the flow still compressed: TCP's next resend
+ * comes before the mark), or more than half of the
  * data retransmitted once NICD_RETX_BYTES were (one that drops most of them: TCP's one-MSS
  * retransmissions get through, in place, and the flow only crawls). Random loss retransmits a
  * few percent. */

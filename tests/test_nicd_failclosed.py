@@ -67,6 +67,16 @@ def counted(host, comment, table) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def tcp_bytes_received(host, port) -> int:
+    """In-order bytes the receiving socket's TCP took in (the kernel's count, not the application's
+    reads: the receiving process may lag behind its socket under load)."""
+    r = host.run(["ss", "-tinH", "state", "established", "sport", "=", f":{port}"], capture_output=True, text=True,
+                 check=True)
+    got = re.findall(r"bytes_received:(\d+)", r.stdout)
+    assert len(got) == 1, r.stdout
+    return int(got[0])
+
+
 def raw_prerouting(host) -> list[str]:
     r = host.run(["iptables", "-t", "raw", "-S", "PREROUTING"], capture_output=True, text=True, check=True)
     return [line for line in r.stdout.splitlines() if line.startswith("-A ")]
@@ -95,17 +105,20 @@ def test_receiver_down_under_the_unit_delivers_no_compressed_byte(tmp_path, grad
             t = Transfer(h1, h2, data, tmp_path, timeout=120)
             try:
                 t.wait_received(1_500_000)
+                down = time.monotonic()     # no compressed packet is restored from here on
                 rc = d2.stop_like_systemd(signal.SIGTERM if how == "stop" else signal.SIGKILL)
                 stopped = time.monotonic()
                 if how == "stop":
                     assert rc == 0, (tmp_path / "h2-first.log").read_text()
                 # RestartSec plus start-up (or a start limit hit): the peer keeps compressing.
-                time.sleep(0.7)
-                n0 = t.received_len()
-                time.sleep(2.5)
-                n1 = t.received_len()
+                # Counted at h2's TCP, which nothing reaches once the queue's reader is gone (the
+                # receiving process's own file may still grow from its socket's buffer).
+                k0 = tcp_bytes_received(h2, t.port)
+                time.sleep(1.5)
+                k1 = tcp_bytes_received(h2, t.port)
                 assert counted(h2, "nt-leak", "filter") == (0, 0), "compressed packets reached h2's stack"
-                assert n1 == n0, f"data kept arriving with the receiver daemon down ({n0} -> {n1} bytes)"
+                assert k1 == k0, f"h2's TCP took in data with the receiver daemon down ({k0} -> {k1} bytes)"
+                n1 = t.received_len()
                 saved = iptables_save(h2)
                 assert "NFQUEUE" not in saved and "inceptionn-nicd" not in saved, saved  # ExecStopPost ran
                 assert saved.count(DROP_COMMENT) == 1, saved
@@ -121,12 +134,15 @@ def test_receiver_down_under_the_unit_delivers_no_compressed_byte(tmp_path, grad
                 drop = next(i for i, r in enumerate(rules) if DROP_COMMENT in r)
                 assert queue < drop, f"the queue rule must come before the drop: {rules}"
                 ready = time.monotonic()
+                outage = ready - down
                 t.wait_received(n1 + 1, timeout=60)
                 dropped = counted(h2, DROP_COMMENT, "raw")
                 print(f"{how}: the drop held {dropped[0]} compressed packets ({dropped[1]} bytes) for "
-                      f"{ready - stopped:.1f} s; data resumed {time.monotonic() - ready:.2f} s after the restart")
+                      f"{ready - stopped:.1f} s ({outage:.1f} s without a daemon); data resumed "
+                      f"{time.monotonic() - ready:.2f} s after the restart")
                 got = t.finish(timeout=90)
-                restored = counters(tmp_path / f"{h2.name}.sock")["ingress_restored"]
+                c2 = counters(tmp_path / f"{h2.name}.sock")
+                restored = c2["ingress_restored"]
                 assert d2b.stop_like_systemd(signal.SIGTERM) == 0
             finally:
                 t.close()
@@ -140,7 +156,15 @@ def test_receiver_down_under_the_unit_delivers_no_compressed_byte(tmp_path, grad
     assert_restored_or_raw(got, data, want, raw, "after the restart")
     assert leaked == (0, 0), f"{leaked[0]} compressed packets ({leaked[1]} bytes) reached h2's stack"
     assert c1["egress_compressed"] > 0
-    assert restored > 0, "the restarted daemon restored nothing"
+    # The sender gives a flow up (sends it raw) at a resend >= NICD_RETX_SECONDS (10 s) after the
+    # first. TCP's resend intervals at most double, so the first resend after a daemon back within
+    # 5 s of the first loss comes < 10 s + RTO after the first resend: the flow must still be
+    # compressed. Back later (a slow start under load), the give-up may legally come first.
+    if outage < 5.0 or not c1["flows_fell_back"]:
+        assert c1["flows_fell_back"] == 0, f"the sender gave the flow up though the receiver was back in {outage:.1f} s"
+        assert restored > 0, "the restarted daemon restored nothing"
+    else:
+        print(f"{how}: back after {outage:.1f} s, the sender had given the flow up (sent raw)")
     assert saved.count(DROP_COMMENT) == 1 and "inceptionn-nicd" not in saved
 
 
