@@ -12,8 +12,9 @@ that N x max|x| < 1, then the codec per hop).
 
 Inputs, ``--values`` per rank:
 
-  real   a gradient of the HDC model captured from training (train/gradients.py), every third
-         value, shared by all ranks, plus per-rank noise: x_r = g + noise * |g| * z_r (data-
+  real   a gradient of the HDC model captured from training (train/gradients.py: the first of
+         ``capture_gradients(2)``, about one epoch in; later ones hold more exact zeros and
+         compress better, docs/codecs.md), every third value, shared by all ranks, plus per-rank noise: x_r = g + noise * |g| * z_r (data-
          parallel gradients are correlated: the same model, different samples)
   heavy  heavy-tailed synthetic values, independent per rank: random sign x 10^-3 x e^(2 z)
 
