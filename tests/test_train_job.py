@@ -42,7 +42,7 @@ def test_config_names_and_checks():
                         (dict(epochs=0), "--epochs"), (dict(max_iters=0), "--max-iters"),
                         (dict(error_bound=3), "--error-bound"), (dict(lr=0), "--lr"),
                         (dict(epochs=2, decay_at=3), r"--decay-at must be an epoch from 1 to --epochs \(2\)"),
-                        (dict(decay_at=0), "--decay-at")]:
+                        (dict(decay_at=0), "--decay-at"), (dict(batch=0), "--batch must be at least 1")]:
         with pytest.raises(UserError, match=needle):
             TrainConfig(**bad).check()
 
@@ -223,6 +223,7 @@ def test_divergence_is_one_clear_error(tb_name, no_leaks):
     (["train", "--hosts", "1"], ["--hosts must be at least 2"]),
     (["train", "--epochs", "0"], ["--epochs must be at least 1"]),
     (["train", "--epochs", "3", "--decay-at", "4"], ["--decay-at must be an epoch from 1 to --epochs (3)"]),
+    (["train", "--batch", "0"], ["--batch must be at least 1"]),
     (["demo", "--out", "/nonexistent/dir/x.png"], ["does not exist"]),
     (["bench", "train", "--configs", "inc,bogus"], ["unknown bogus"]),
 ])
