@@ -120,6 +120,30 @@ def test_small_runs_on_the_soft_nic(tb_name, no_leaks):
     assert wa_c.bytes["wire_per_iteration"] > inc_c.bytes["wire_per_iteration"]
 
 
+@needs_root
+def test_defaults_train_as_well_as_uncompressed(tb_name, no_leaks):
+    """``inceptionn train --compress nic`` at its defaults (wire format v2, error feedback on)
+    against the same run uncompressed: 4 hosts, seed 0, 10 epochs with the rate decayed from
+    epoch 8 (81 s at load 20). The two runs start from the same weights and data order; the
+    compressed one must end within 2 points of the uncompressed one (mean of the last 3 epochs),
+    the soft NICs having compressed. A guard against lost precision, which costs tens of points
+    (issue 29: wire format v1 on 16 ranks ended at 35% against 97.8%), not a test of the issue's
+    0.3-point bound: one seed moves a run by about a point (docs/collectives.md), so that bound
+    takes several seeds (figures in docs/training.md)."""
+    runs = {}
+    with TrainingTestbed(hosts=4, rate=None, mtu=9000, name=tb_name) as bed:
+        for compress in ("none", "nic"):
+            runs[compress] = bed.run(TrainConfig(algo="inc", compress=compress, epochs=10, decay_at=8), lambda c, e: None)
+    plain, comp = runs["none"], runs["nic"]
+    print({k: [round(100 * a, 2) for a in r.accuracy] for k, r in runs.items()})
+    assert plain.replicas_identical and comp.replicas_identical
+    nic = comp.bytes["nicd"]
+    assert nic["egress_compressed"] > 0 and nic["ratio"] > 2 and not nic["drops"], nic
+    last = {k: sum(r.accuracy[-3:]) / 3 for k, r in runs.items()}
+    assert last["none"] > 0.7, plain.accuracy                      # the baseline learned (chance: 0.1)
+    assert abs(last["nic"] - last["none"]) <= 0.02, (comp.accuracy, plain.accuracy)
+
+
 def _stream_lines(proc) -> "queue.Queue[str]":
     q: queue.Queue = queue.Queue()
 
