@@ -25,7 +25,9 @@ defaults): ``--error-bound`` (the codec's bound), ``--block`` (values per expone
 Per (set, N, codec): NMSE of the result against the float64 sum of the inputs, and the
 compression ratio: float32 bytes of the values every link carries / the bytes the codec puts on
 the wire for them (for inceptionn what the soft NIC's codec makes of the wire floats, exponents
-included; for the others the codec's stream), packet and frame headers not counted.
+included; for the others the codec's stream), packet and frame headers not counted. For
+inceptionn the JSON rows also give the codec bytes, the payloads (app mode frames each behind a
+4-byte length) and the exponent floats' share of the codec bytes (34 bits each).
 """
 from __future__ import annotations
 
