@@ -25,9 +25,11 @@ taking every count, milliseconds per call and the count from which it is faster.
 
 Reported: median seconds per allreduce [min-max over all reps], speedups of the soft NIC ring
 (ring-gso, else ring-nic) over gloo and MPI, and the error of one compressed reduction (NMSE
-against the float64 sum). Then the paper's Fig. 15: exchange time of ring-nic and of the
-worker-aggregator baseline (wa-nic: the gradient leg tagged, weights returned raw) from 2 to 8
-hosts, both per packet: the same NIC path under both exchanges, as in the paper.
+against the float64 sum); for the compressing rings, the compression ratio at the error bound
+as they run (wire format v2) beside the rings' before issue 29 (v1), ``compression``. Then the
+paper's Fig. 15: exchange time of ring-nic and of the worker-aggregator baseline (wa-nic: the
+gradient leg tagged, weights returned raw) from 2 to 8 hosts, both per packet: the same NIC path
+under both exchanges, as in the paper.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ EXTRA_IMPLS = ("ring-app", "ring-nic", "ring-notag", "wa", "wa-nic", "mpi-nic", 
 MPI_IMPLS = ("mpi", "mpi-nic", "mpi-app")            # launched with inceptionn mpirun
 GSO_IMPLS = ("ring-gso", "mpi-nic")                  # run with the daemons in gso mode (their default)
 SCALE_IMPLS = ("ring-nic", "wa-nic")
+RING_COMPRESSED = ("ring-app", "ring-nic", "ring-gso", "mpi-nic", "mpi-app")   # the compressing ring, wire format v2
+CHUNK_VALUES = 65536     # the ring's pipeline chunk: Group's default chunk_bytes / 4, the library's INCEPTIONN_MPI_CHUNK
 GLOO_PORT = 29511
 PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
 
@@ -145,7 +149,43 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
     # One rep takes as long as its slowest rank.
     per_rep = [max(o["seconds"][i] for o in outs) for i in range(reps)]
     nmse = next(o["nmse"] for o in outs if o["rank"] == 0)
-    return {"seconds": per_rep, "nmse": nmse}
+    got = {"seconds": per_rep, "nmse": nmse}
+    if all("first_call_bytes" in o for o in outs):   # our ring: what all ranks sent in the first call
+        got["first_call_bytes"] = {p: sum(o["first_call_bytes"][p] for o in outs) for p in outs[0]["first_call_bytes"]}
+    return got
+
+
+class _RankFiles:
+    """Rank r's values [a, b) from the benchmark's grad<r>.npy, for bench scale's simulator."""
+
+    def __init__(self, workdir: str, world: int):
+        self.x = [np.load(os.path.join(workdir, f"grad{r}.npy"), mmap_mode="r") for r in range(world)]
+        self.n = self.x[0].size
+
+    def __call__(self, r: int, a: int, b: int) -> np.ndarray:
+        return self.x[r][a:b]
+
+
+def compression(workdir: str, world: int, error_bound: int) -> dict:
+    """The compressing ring's compression on the inputs in ``workdir``, one call at ``error_bound``:
+    ``v2`` the ring as it runs (wire format v2: a power of two per block of 256 values at every
+    hop) and ``v1`` the ring before issue 29 (one power of two per 65,536 values, agreed so that
+    N x max|x| < 1), both through bench scale's simulator (v1's transform exists only there).
+    Each: the float32 bytes every link carries over the codec bytes sent for them (exponent
+    floats included, frame and packet headers not), NMSE against the float64 sum, and for v2 the
+    exponents' share of the codec bytes, the codec bytes and the payloads (app mode frames each
+    behind a 4-byte length)."""
+    from ..codecs.blockscale import BLOCK_VALUES
+    from .scale import run_one
+    x, ref = _RankFiles(workdir, world), np.load(os.path.join(workdir, "exact.npy"))
+    out = {}
+    for key, variant in (("v2", "after"), ("v1", "before")):
+        row = run_one(x, world, "inceptionn", variant, error_bound=error_bound, chunk=CHUNK_VALUES,
+                      block=BLOCK_VALUES, ref=ref, seed=0)
+        out[key] = {k: row[k] for k in ("ratio", "nmse", "codec_bytes", "payloads", "exponent_share")}
+    del out["v1"]["exponent_share"]
+    out["float32_bytes"] = 4 * x.n * 2 * (world - 1)     # every value crosses 2(N-1) links over the ring
+    return out
 
 
 @contextmanager
@@ -177,7 +217,7 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             captures: list[np.ndarray]) -> dict:
     rate_bps = parse_rate(rate)
     hosts = max([world, *scale_hosts])
-    res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}}
+    res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}, "compression": {}}
     with bench_testbed(rate, hosts, mtu, error_bound) as (tb, tmp, daemons, nic_counters):
         jobs = [(size, world, impls, "sizes") for size in sizes]
         jobs += [(scale_size, n, SCALE_IMPLS, "scaling") for n in scale_hosts]
@@ -185,6 +225,9 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             workdir = os.path.join(tmp, f"{section}-{size}-{n}")
             os.makedirs(workdir)
             write_inputs(workdir, n, size * 2**20, captures)
+            if section == "sizes" and set(which) & set(RING_COMPRESSED):
+                log(f"{size} MiB x {n} hosts: the compressing ring's ratio, wire format v2 and v1, simulated ...")
+                res["compression"][str(size)] = compression(workdir, n, error_bound)
             # the raw transfer time of 2(N-1)/N of the data, doubled, plus slack
             timeout = 120 + 8 * (reps + 1) * 2 * size * 2**20 * 8 / rate_bps * (2 if n > 4 else 1)
             row = {impl: {"seconds": [], "nmse": None} for impl in which}
@@ -196,6 +239,8 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
                     got = run_impl(tb, impl, n, workdir, reps, timeout, error_bound)
                     row[impl]["seconds"] += got["seconds"]
                     row[impl]["nmse"] = got["nmse"]
+                    if "first_call_bytes" in got:
+                        row[impl]["first_call_bytes"] = got["first_call_bytes"]
                     for k, v in nic_counters().items():  # what the soft NICs did for it
                         row[impl][k] = row[impl].get(k, 0) + v - c0[k]
             for impl, v in row.items():
@@ -264,6 +309,22 @@ def print_sweep(r: dict) -> None:
                   f"{impl}: not faster than MPI_Allreduce at the largest count")
 
 
+def measured_ratio(c: dict, app: dict | None) -> float | None:
+    """ring-app's first call, measured: float32 bytes over the bytes its frames took on the wire."""
+    if not app or "first_call_bytes" not in app:
+        return None
+    return c["float32_bytes"] / app["first_call_bytes"]["data"]
+
+
+def compression_line(c: dict, bound: int, app: dict | None) -> str:
+    v2, v1 = c["v2"], c["v1"]
+    line = (f"compression at 2^{bound}, simulated on these inputs (float32 over codec bytes): "
+            f"{v2['ratio']:.2f}x (NMSE {v2['nmse']:.2e}; exponents {100 * v2['exponent_share']:.1f}% of the wire), "
+            f"before #29 (wire format v1) {v1['ratio']:.2f}x (NMSE {v1['nmse']:.2e})")
+    m = measured_ratio(c, app)
+    return line + (f"; ring-app measured {m:.2f}x with its frame lengths" if m else "")
+
+
 def print_report(r: dict) -> None:
     print(f"Allreduce of real gradient values (HDC on {r['dataset']}, tiled), float32 sum, "
           f"error bound 2^{r['error_bound']}, MTU {r['mtu']}; seconds per allreduce, median "
@@ -284,6 +345,8 @@ def print_report(r: dict) -> None:
                       if i in row]
                 if vs:
                     print(f"{'':>5}  faster than gloo: " + ", ".join(vs))
+            if size in link.get("compression", {}):
+                print(f"{'':>5}  " + compression_line(link["compression"][size], r["error_bound"], row.get("ring-app")))
             if "mpi" in row:  # the unmodified MPI program with the library against OpenMPI alone
                 vs = [f"{i} {row['mpi']['median'] / row[i]['median']:.2f}x (NMSE {row[i]['nmse']:.2e})"
                       for i in ("mpi-nic", "mpi-app") if i in row]
@@ -302,6 +365,10 @@ def print_report(r: dict) -> None:
           "ring-app = the same ring compressing in the collective (no daemon); mpi-nic / mpi-app = MPI_Allreduce "
           "of the unmodified mpi4py program through the library of `inceptionn mpirun --compress-allreduce`, soft "
           "NICs / codec in the library; wa-nic = worker-aggregator, gradient leg compressed. "
+          "Compression: what every compressing ring (ring-*, mpi-nic, mpi-app) puts through the codec in one call, "
+          "wire format v2 (a power of two per 256 values at every hop) beside v1 (one per 65,536 values scaled for "
+          "N x max, the rings before issue 29), through bench scale's simulator; the soft NICs add their packet "
+          "headers. "
           "Target: the soft NIC ring at least 3x faster than both gloo and OpenMPI at 100 Mbit.")
 
 

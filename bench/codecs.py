@@ -2,8 +2,9 @@
 
 Every codec runs with its paper's settings on the same gradients, captured from real training
 steps of the paper's HDC model (``train/gradients.py``), each in the unit its paper uses: the
-INCEPTIONN codec value by value (on the gradients scaled per 64K bucket as the collective sends
-them, and raw), TernGrad and 3LC per tensor (layer weight or bias), THC and FFT per whole
+INCEPTIONN codec value by value (on the wire floats of wire format v2 as one hop of the ring
+sends them: a power of two per block of 256 values, its exponent float in the stream; and
+raw), TernGrad and 3LC per tensor (layer weight or bias), THC and FFT per whole
 gradient. 3LC and THC run with their error feedback over the sequence of captures (one key per
 tensor, kept from step to step), as they are meant to run. Per row:
 
@@ -35,8 +36,7 @@ from ..errors import UserError
 from .codec import cpu_name
 from .codecs_report import LAST_EPOCHS, build_rows, print_report
 
-WORKERS = 4          # workers the INCEPTIONN scale assumes (and the default training testbed)
-BUCKET = 65536       # values per scaling bucket, the collective's default
+WORKERS = 4          # workers of the default training testbed
 AGREE_BYTES = 8      # one float64 per value agreed among workers before sending
 
 
@@ -53,7 +53,7 @@ class Row:
     unit: str                      # "value" (per value, whole gradient), "tensor", "gradient"
     paper: str                     # the paper's compression figure
     ef: bool = False               # error feedback over the sequence of captures
-    scaled: bool = False           # INCEPTIONN: per-bucket power-of-two scale of the collective
+    scaled: bool = False           # INCEPTIONN: the ring's wire transform (wire format v2) before the codec
     train: dict | None = None      # TrainConfig fields of the accuracy run, None: not runnable
     train_as: str | None = None    # accuracy is that row's run (differs only losslessly)
     note: str = ""
@@ -62,7 +62,8 @@ class Row:
 ROWS = [
     Row("inc-scaled", "inceptionn", "INCEPTIONN 2^-10, scaled", {"error_bound": -10}, "value",
         "5.5-11.6x (Sec. VIII-C, 2^-10)", scaled=True, train={"compress": "inceptionn"},
-        note="scaled per 64K bucket for 4 workers as the collective does; training: scaling + EF on"),
+        note="wire format v2 as a hop of the ring sends it (a power of two per 256 values, exponents counted); "
+        "training: scaling + EF on"),
     Row("inc-raw", "inceptionn", "INCEPTIONN 2^-10, raw", {"error_bound": -10}, "value",
         "5.5-11.6x (Sec. VIII-C, 2^-10)",
         train={"compress": "inceptionn", "scaling": False, "error_feedback": False},
@@ -111,8 +112,8 @@ class Gradients:
     dataset: str
     grads: list[np.ndarray]
     tensors: list[tuple[str, slice]]          # name and slice of each tensor in the flat vector
-    scaled: list[np.ndarray] = field(default_factory=list)
-    exps: list[np.ndarray] = field(default_factory=list)
+    scaled: list[np.ndarray] = field(default_factory=list)   # each gradient's wire floats (wire format v2)
+    bs: object = None                                        # the BlockScale that made them
 
     @property
     def params(self) -> int:
@@ -135,12 +136,18 @@ class Gradients:
     def inputs(self, row: Row) -> list[np.ndarray]:
         return self.scaled if row.scaled else self.grads
 
+    def unscale(self, codec, blob: bytes, y: np.ndarray, wire: np.ndarray | None = None) -> None:
+        """``y`` = what a receiver makes of a scaled row's blob: the codec's wire floats, unscaled."""
+        wire = np.empty(self.bs.wire_values(y.size), dtype=np.float32) if wire is None else wire
+        codec.decode_into(blob, wire)
+        self.bs.decode_into(wire, y)
+
 
 def load_gradients(data, captures: int, seed: int) -> Gradients:
     from ..train.data import load_dataset
     from ..train.gradients import capture_gradients
     from ..train.hdc import HDC
-    from ..collective.scaling import scaled_copy
+    from ..codecs.blockscale import BlockScale
 
     dataset = load_dataset(data, seed=seed)
     log(f"training the HDC model on {dataset.name} to capture {captures} real gradients ...")
@@ -152,10 +159,8 @@ def load_gradients(data, captures: int, seed: int) -> Gradients:
         start = (view.ctypes.data - base) // view.itemsize
         tensors.append((name, slice(start, start + view.size)))
     g = Gradients(dataset.name, grads, tensors)
-    for x in grads:
-        y, e = scaled_copy(x, WORKERS, BUCKET)
-        g.scaled.append(y)
-        g.exps.append(e)
+    g.bs = BlockScale(next(r for r in ROWS if r.scaled).params["error_bound"])
+    g.scaled = [g.bs.encode(x) for x in grads]
     return g
 
 
@@ -178,8 +183,6 @@ def encode(codec, memory, x: np.ndarray, key: str) -> bytes:
 
 def agreement_bytes(row: Row, codec, n: int) -> int:
     """Values the codec must agree on with the other workers before this encode (control plane)."""
-    if row.scaled:
-        return AGREE_BYTES * -(-n // BUCKET)   # the per-bucket maxima
     if codec.needs_agreement:
         return AGREE_BYTES                      # one statistic (THC: the norm l)
     return 0
@@ -198,19 +201,23 @@ def quality(row: Row, g: Gradients, seed: int) -> tuple[dict, list]:
     sum_x = np.zeros(g.params)
     sum_y = np.zeros(g.params)
     blobs = []
-    for x, inp, exps in zip(g.grads, g.inputs(row), g.exps):
+    for x, inp in zip(g.grads, g.inputs(row)):
         y = np.empty_like(x)
         step = []
-        for key, sl in units:
-            blob = encode(codec, memory, inp[sl], key)
+        if row.scaled:                  # one blob of the gradient's wire floats
+            blob = codec.encode(inp)
             step.append(blob)
             wire += len(blob)
-            agree += agreement_bytes(row, codec, sl.stop - sl.start)
-            codec.decode_into(blob, y[sl])
+            g.unscale(codec, blob, y)
+        else:
+            for key, sl in units:
+                blob = encode(codec, memory, inp[sl], key)
+                step.append(blob)
+                wire += len(blob)
+                agree += agreement_bytes(row, codec, sl.stop - sl.start)
+                codec.decode_into(blob, y[sl])
         blobs.append(step)
         y64 = y.astype(np.float64)
-        if row.scaled:
-            y64 = np.ldexp(y64, -np.repeat(exps, BUCKET)[: y.size])
         sum_x += x
         sum_y += y64
         err2 += float(np.sum((x - y64) ** 2))
@@ -250,7 +257,13 @@ def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dic
         codec, memory = make_codec(row, seed + 1)
         units = g.units(row)
         inputs = g.inputs(row)
-        if row.unit == "value":                  # the whole gradient into one reused buffer, as the NIC does
+        if row.scaled:                           # the wire transform, then the codec, as a hop of the ring
+            buf = np.empty(codec.max_encoded_size(g.bs.wire_values(g.params)), dtype=np.uint8)
+
+            def enc(codec=codec, buf=buf):
+                for x in g.grads:
+                    codec.encode_into(g.bs.encode(x), buf)
+        elif row.unit == "value":                # the whole gradient into one reused buffer, as the NIC does
             buf = np.empty(codec.max_encoded_size(g.params), dtype=np.uint8)
 
             def enc(codec=codec, inputs=inputs, buf=buf):
@@ -262,10 +275,16 @@ def speed_variants(rows: list[Row], g: Gradients, blobs: dict, seed: int) -> dic
                     for key, sl in units:
                         encode(codec, memory, x[sl], key)
 
-        def dec(codec=codec, steps=blobs[row.id], units=units):
-            for step, y in zip(steps, outs):
-                for blob, (_, sl) in zip(step, units):
-                    codec.decode_into(blob, y[sl])
+        if row.scaled:                           # the codec, then the unscaling
+            def dec(codec=codec, steps=blobs[row.id],
+                    wire=np.empty(g.bs.wire_values(g.params), dtype=np.float32)):
+                for step, y in zip(steps, outs):
+                    g.unscale(codec, step[0], y, wire)
+        else:
+            def dec(codec=codec, steps=blobs[row.id], units=units):
+                for step, y in zip(steps, outs):
+                    for blob, (_, sl) in zip(step, units):
+                        codec.decode_into(blob, y[sl])
 
         variants[f"encode {row.id}"] = (enc, g.nbytes)
         variants[f"decode {row.id}"] = (dec, g.nbytes)
@@ -372,7 +391,7 @@ def run(args) -> int:
                       "bytes": g.nbytes, "tensors": [n for n, _ in g.tensors]},
         "cpu": cpu_name(), "cores": os.cpu_count(), "rounds": args.rounds, "seed": args.seed,
         "load_average": list(load0), "load_average_end": list(os.getloadavg()),
-        "workers_assumed": WORKERS, "bucket": BUCKET,
+        "block": int(g.bs.block),
         "rows": build_rows(rows, qual, times, train),
         "training": train,
     }

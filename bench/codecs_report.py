@@ -87,16 +87,17 @@ def print_report(report: dict) -> None:
     print(format_table(report))
     print()
     print("ratio: float32 bytes / bytes out, everything counted: headers, scalers, bitmaps, THC's table and power-of-two "
-          "padding, and 8 bytes per value agreed among workers before sending (INCEPTIONN scaled: one bucket maximum "
-          "per 64K values; THC: the norm).")
+          "padding, INCEPTIONN scaled's exponent floats (wire format v2: one per 256 values), and 8 bytes per value "
+          "agreed among workers before sending (THC: the norm).")
     print("unit: value = per value over whole gradients; tensor = each layer's weight and bias on its own (10 per "
           "gradient); gradient = the whole 789,010-value gradient as one vector.")
     print("NMSE: ||decoded - g||^2 / ||g||^2 of one round trip, summed over the captures; for EF rows each capture "
           "encoded with nothing accumulated, as a first step would be. EF sum: the rows with error feedback run it over the captures in order (3LC: "
           "one accumulation buffer per tensor; THC: its e = x - RHT^-1(own quantized)); NMSE of the sum of all "
           "decoded steps against the sum of the gradients (what is still pending in the residual).")
-    print("GB/s: as the row runs (encode with error feedback for EF rows; INCEPTIONN scaled: the codec on already-"
-          "scaled input), C paths through the Python API; decode of the blobs the row produced; float32 row: memcpy.")
+    print("GB/s: as the row runs (encode with error feedback for EF rows; INCEPTIONN scaled: the wire transform and "
+          "the codec, and back), C paths through the Python API; decode of the blobs the row produced; float32 row: "
+          "memcpy.")
     train = report.get("training")
     if train:
         print(f"accuracy: final test accuracy of the HDC trained data-parallel with the INC ring on {train['hosts']} "

@@ -12,8 +12,9 @@ that N x max|x| < 1, then the codec per hop).
 
 Inputs, ``--values`` per rank:
 
-  real   a gradient of the HDC model captured from training (train/gradients.py), every third
-         value, shared by all ranks, plus per-rank noise: x_r = g + noise * |g| * z_r (data-
+  real   a gradient of the HDC model captured from training (train/gradients.py: the first of
+         ``capture_gradients(2)``, about one epoch in; later ones hold more exact zeros and
+         compress better, docs/codecs.md), every third value, shared by all ranks, plus per-rank noise: x_r = g + noise * |g| * z_r (data-
          parallel gradients are correlated: the same model, different samples)
   heavy  heavy-tailed synthetic values, independent per rank: random sign x 10^-3 x e^(2 z)
 
@@ -24,7 +25,9 @@ defaults): ``--error-bound`` (the codec's bound), ``--block`` (values per expone
 Per (set, N, codec): NMSE of the result against the float64 sum of the inputs, and the
 compression ratio: float32 bytes of the values every link carries / the bytes the codec puts on
 the wire for them (for inceptionn what the soft NIC's codec makes of the wire floats, exponents
-included; for the others the codec's stream), packet and frame headers not counted.
+included; for the others the codec's stream), packet and frame headers not counted. For
+inceptionn the JSON rows also give the codec bytes, the payloads (app mode frames each behind a
+4-byte length) and the exponent floats' share of the codec bytes (34 bits each).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from ..errors import UserError
 SETS = ("real", "heavy")
 POOL = 1_048_573          # prime: rank r reads noise pool entries (i + r * STRIDE) mod POOL
 STRIDE = 7919             # coprime with POOL, so ranks never share an entry at the same index
+EXPONENT_BITS = 34        # an exponent float (>= 1.0) in the codec's stream: NO_COMPRESS, 2-bit tag + 32 bits (spec.md)
 
 
 def log(msg: str) -> None:
@@ -91,7 +95,7 @@ def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int,
     from ..collective import scaling as sc
     from ..collective.ring import simulate_ring
     codec = get_codec(name, **applicable(name, error_bound=error_bound, seed=seed))
-    nbytes = [0, 0]                      # float32 bytes carried, codec bytes sent
+    nbytes = [0, 0, 0, 0]                # float32 bytes carried, codec bytes sent, exponent floats, payloads
 
     if name == "inceptionn":
         mode, unit = "nic", chunk
@@ -99,6 +103,8 @@ def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int,
         def count(payload, m, times):
             nbytes[0] += 4 * m * times
             nbytes[1] += codec.encoded_size(payload) * times
+            nbytes[2] += (payload.size - m) * times      # v2's exponent floats (none in v1)
+            nbytes[3] += times
     else:
         mode, unit = "app", max(x.n, 1)  # a non-per-value codec sees a whole ring block
 
@@ -128,8 +134,12 @@ def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int,
         out = out / factor               # exact: powers of two
     err = out.astype(np.float64) - ref
     nmse = float(err @ err / (ref @ ref)) if ref @ ref > 0 else float(err @ err)
-    return {"codec": name, "variant": variant, "ranks": world, "nmse": nmse,
-            "ratio": nbytes[0] / nbytes[1] if nbytes[1] else None, "seconds": round(seconds, 3)}
+    row = {"codec": name, "variant": variant, "ranks": world, "nmse": nmse,
+           "ratio": nbytes[0] / nbytes[1] if nbytes[1] else None, "seconds": round(seconds, 3)}
+    if name == "inceptionn":   # what the ring's app mode frames (a 4-byte length per payload), and the exponents' share
+        row.update(codec_bytes=nbytes[1], payloads=nbytes[3],
+                   exponent_share=nbytes[2] * EXPONENT_BITS / 8 / nbytes[1] if nbytes[1] else None)
+    return row
 
 
 def parse_list(text: str, what: str, lo: int, hi: int) -> list[int]:

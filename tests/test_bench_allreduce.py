@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from cli_helpers import assert_one_line_error, run_cli
@@ -31,6 +32,12 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     # error feedback on the same values; the NIC's reconstruction of a reconstruction is itself)
     assert row["ring-app"]["nmse"] == pytest.approx(row["ring-nic"]["nmse"], rel=1e-6)
     assert row["ring-gso"]["nmse"] == row["ring-nic"]["nmse"]
+    # the compression printed beside them is the ring's: ring-app's first call sent the simulated
+    # codec bytes (plus a 4-byte length per payload) and got the simulated sum
+    comp = link["compression"]["1"]
+    assert row["ring-app"]["first_call_bytes"]["data"] == comp["v2"]["codec_bytes"] + 4 * comp["v2"]["payloads"]
+    assert row["ring-app"]["nmse"] == pytest.approx(comp["v2"]["nmse"], rel=1e-9)
+    assert comp["v1"]["ratio"] > comp["v2"]["ratio"] > 2
     # who compressed: the daemons for ring-nic (per packet) and ring-gso (super-packets), nobody else
     assert row["ring-nic"]["egress_compressed"] > 0 and row["ring-nic"]["gso_super_packets"] == 0
     assert row["ring-gso"]["gso_super_packets"] > 0
@@ -38,6 +45,42 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     for impl in ("ring", "ring-app", "gloo"):
         assert row[impl]["egress_compressed"] == 0, (impl, row[impl])
     assert set(link["scaling"]["2"]) == {"ring-nic", "wa-nic"}
+
+
+def test_compression_figures_are_what_the_ring_sends(tmp_path):
+    """The compression bench allreduce prints (bench scale's simulator on the benchmark's own
+    inputs) against a real ring on the same files: 3 ranks of Group.allreduce(compress="app") on
+    loopback send exactly the simulated codec bytes plus a 4-byte length per payload and end with
+    the simulated NMSE. The exponents' share is their count (one per 256 values of every chunk
+    on every hop) at 34 bits over the codec bytes; v1 sends more zeros: a higher ratio, a far
+    larger error."""
+    from test_collective import run_ranks
+    from inceptionn.bench import allreduce as ba
+    from inceptionn.codecs import get_codec
+    from inceptionn.collective.ring import block_bounds, chunk_list
+    from inceptionn.train.gradients import capture_gradients
+    world, n = 3, 200_003
+    ba.write_inputs(str(tmp_path), world, 4 * n, capture_gradients(2))
+    c = ba.compression(str(tmp_path), world, -10)
+
+    def call(g, rank):
+        x = np.load(tmp_path / f"grad{rank}.npy")
+        out = g.allreduce(x, compress="app", codec=get_codec("inceptionn", error_bound=-10), error_feedback=False)
+        return out, g.stats.last.bytes_sent["data"]
+    res = run_ranks(world, call)
+    sent = sum(b for _, b in res)
+    assert sent == c["v2"]["codec_bytes"] + 4 * c["v2"]["payloads"]
+    exact = np.load(tmp_path / "exact.npy")
+    err = res[0][0].astype(np.float64) - exact
+    assert c["v2"]["nmse"] == pytest.approx(err @ err / (exact @ exact), rel=1e-12)
+    assert c["float32_bytes"] == 4 * n * 2 * (world - 1)
+    assert ba.measured_ratio(c, {"first_call_bytes": {"data": sent}}) == c["float32_bytes"] / sent
+    exps = sum(-(-(e - a) // 256) for lo, hi in block_bounds(n, world) for a, e in chunk_list(lo, hi, ba.CHUNK_VALUES))
+    assert c["v2"]["exponent_share"] == pytest.approx(2 * (world - 1) * exps * 34 / 8 / c["v2"]["codec_bytes"])
+    assert 0 < c["v2"]["exponent_share"] < 0.03
+    assert c["v1"]["ratio"] > c["v2"]["ratio"] > 2 and c["v1"]["nmse"] > 10 * c["v2"]["nmse"]
+    line = ba.compression_line(c, -10, {"first_call_bytes": {"data": sent}})
+    assert f"{c['v2']['ratio']:.2f}x" in line and f"{c['v1']['ratio']:.2f}x" in line, line
 
 
 @needs_root

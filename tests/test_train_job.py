@@ -42,7 +42,7 @@ def test_config_names_and_checks():
                         (dict(epochs=0), "--epochs"), (dict(max_iters=0), "--max-iters"),
                         (dict(error_bound=3), "--error-bound"), (dict(lr=0), "--lr"),
                         (dict(epochs=2, decay_at=3), r"--decay-at must be an epoch from 1 to --epochs \(2\)"),
-                        (dict(decay_at=0), "--decay-at")]:
+                        (dict(decay_at=0), "--decay-at"), (dict(batch=0), "--batch must be at least 1")]:
         with pytest.raises(UserError, match=needle):
             TrainConfig(**bad).check()
 
@@ -118,6 +118,30 @@ def test_small_runs_on_the_soft_nic(tb_name, no_leaks):
     # WA+C compresses the gradient leg only: the weights come back raw
     assert wa_c.bytes["nicd"]["egress_wire_bytes"] < wa_c.bytes["nicd"]["egress_orig_bytes"]
     assert wa_c.bytes["wire_per_iteration"] > inc_c.bytes["wire_per_iteration"]
+
+
+@needs_root
+def test_defaults_train_as_well_as_uncompressed(tb_name, no_leaks):
+    """``inceptionn train --compress nic`` at its defaults (wire format v2, error feedback on)
+    against the same run uncompressed: 4 hosts, seed 0, 10 epochs with the rate decayed from
+    epoch 8 (81 s at load 20). The two runs start from the same weights and data order; the
+    compressed one must end within 2 points of the uncompressed one (mean of the last 3 epochs),
+    the soft NICs having compressed. A guard against lost precision, which costs tens of points
+    (issue 29: wire format v1 on 16 ranks ended at 35% against 97.8%), not a test of the issue's
+    0.3-point bound: one seed moves a run by about a point, so that bound takes several seeds
+    (docs/collectives.md, "Error feedback's default, measured", has inceptionn train's)."""
+    runs = {}
+    with TrainingTestbed(hosts=4, rate=None, mtu=9000, name=tb_name) as bed:
+        for compress in ("none", "nic"):
+            runs[compress] = bed.run(TrainConfig(algo="inc", compress=compress, epochs=10, decay_at=8), lambda c, e: None)
+    plain, comp = runs["none"], runs["nic"]
+    print({k: [round(100 * a, 2) for a in r.accuracy] for k, r in runs.items()})
+    assert plain.replicas_identical and comp.replicas_identical
+    nic = comp.bytes["nicd"]
+    assert nic["egress_compressed"] > 0 and nic["ratio"] > 2 and not nic["drops"], nic
+    last = {k: sum(r.accuracy[-3:]) / 3 for k, r in runs.items()}
+    assert last["none"] > 0.7, plain.accuracy                      # the baseline learned (chance: 0.1)
+    assert abs(last["nic"] - last["none"]) <= 0.02, (comp.accuracy, plain.accuracy)
 
 
 def _stream_lines(proc) -> "queue.Queue[str]":
@@ -223,6 +247,7 @@ def test_divergence_is_one_clear_error(tb_name, no_leaks):
     (["train", "--hosts", "1"], ["--hosts must be at least 2"]),
     (["train", "--epochs", "0"], ["--epochs must be at least 1"]),
     (["train", "--epochs", "3", "--decay-at", "4"], ["--decay-at must be an epoch from 1 to --epochs (3)"]),
+    (["train", "--batch", "0"], ["--batch must be at least 1"]),
     (["demo", "--out", "/nonexistent/dir/x.png"], ["does not exist"]),
     (["bench", "train", "--configs", "inc,bogus"], ["unknown bogus"]),
 ])

@@ -6,7 +6,7 @@ import json
 from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
 
 DESCRIPTION = """Train the paper's HDC model (5 fully connected layers, width 500; SGD lr 0.1,
-momentum 0.9, weight decay 5e-5, batch 25 per worker) data-parallel on a testbed of --hosts
+momentum 0.9, weight decay 5e-5, batch 25 per worker unless --batch) data-parallel on a testbed of --hosts
 network-namespace hosts joined by shaped links, one worker per host. --algo inc is the INCEPTIONN
 ring (gradients on both legs, every replica applies the same update); --algo wa is the
 worker-aggregator baseline (rank 0 aggregates, sums, updates and returns the weights).
@@ -75,6 +75,9 @@ def _add_arguments(p) -> None:
                    f"nic-scaled (the soft NIC's per-packet scaled codec: the workers send raw values), "
                    f"or a codec name to compress in the application: {_codec_choices()}")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the shuffling (default 0)")
+    p.add_argument("--batch", type=int, default=25, metavar="B",
+                   help="examples per worker per iteration (default 25, the paper's; keep the global batch, "
+                   "B x --hosts, near 100 when comparing job sizes)")
     p.add_argument("--decay-at", type=int, metavar="EPOCH", help="from this epoch on (counted from 1), the learning "
                    "rate times 0.1, so that the final accuracy says where training settled (default: no decay)")
     p.set_defaults(func=run)
@@ -86,7 +89,8 @@ def run(args) -> int:
 
     cfg = TrainConfig(algo=args.algo, compress=args.compress, error_bound=args.error_bound, scaling=args.scaling,
                       error_feedback=args.error_feedback, epochs=args.epochs, max_iters=args.max_iters,
-                      data=args.data, seed=args.seed, lr=args.lr, decay_at=args.decay_at)
+                      data=args.data, seed=args.seed, lr=args.lr, decay_at=args.decay_at,
+                      batch=args.batch)
     preflight_testbed(args.hosts, rate_arg(args.rate), args.mtu, args.name or "train")
     preflight(cfg)
     progress = Progress(prefix="[train] ")
