@@ -1,7 +1,8 @@
 """``Group.allreduce`` on the ring engine (collective/ring_engine.c through cffi, the C the MPI
 library runs; its schedule, transports and wire: docs/collectives.md, "The ring engine").
 
-The engine runs the INCEPTIONN codec (and raw floats); ``supports`` says which calls it takes.
+The engine runs the INCEPTIONN codec, THC (in app mode, summed without decoding) and raw
+floats; ``supports`` says which calls it takes.
 It runs the whole ring in one C call without the GIL, on the Group's two ring sockets; Python
 keeps the API, the rendezvous, the control rounds and the checks around it."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ import socket
 import numpy as np
 
 from ..codecs.inceptionn import InceptionnCodec
+from ..codecs.thc import THCCodec
 from ._engine import ffi, lib
 from .ring import WireError, scaling_bound
 from .stats import Timers
@@ -25,12 +27,23 @@ class EngineError(RuntimeError):
 def supports(mode: str, codec, scaled: bool) -> bool:
     """raw floats; on the tagged socket the INCEPTIONN codec (scaled or not) and any other per-value
     codec (its ``reconstruct`` called back from the engine; scaled, INCEPTIONN's at its bound, as
-    ring.Wire does); in the process the INCEPTIONN codec scaled (wire format v2)."""
+    ring.Wire does); in the process the INCEPTIONN codec scaled (wire format v2) and THC (its C
+    codec, homomorphic)."""
     if mode == "raw":
         return True
     if mode == "nic":
         return type(codec) is InceptionnCodec or codec.per_value
-    return type(codec) is InceptionnCodec and scaled
+    return (type(codec) is InceptionnCodec and scaled) or (type(codec) is THCCodec and not scaled)
+
+
+def _thc_state(codec: THCCodec, world: int):
+    """The call's THC parameters for collective/ring_codecs.c (struct re_thc)."""
+    s = ffi.new("struct re_thc *")
+    s.bits, s.granularity, s.ranks = codec.bits, codec.granularity, world
+    s.table[0:len(codec.table)] = list(codec.table)
+    s.t_p = codec.t_p
+    s.norm, s.rot_seed, s.noise_seed = codec.round_parameters()
+    return s
 
 
 def _reconstruct_callback(codec, failures: list, conns):
@@ -64,9 +77,12 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     assert supports(mode, codec, scaled) and world >= 2
     c = ffi.new("struct re_codec *")
     failures: list = []
-    callback = None
+    callback = state = None
     if mode != "raw":
-        if type(codec) is InceptionnCodec or scaled:
+        if type(codec) is THCCodec:
+            state = _thc_state(codec, world)
+            lib.re_codec_thc(c, state)
+        elif type(codec) is InceptionnCodec or scaled:
             lib.re_codec_inceptionn(c, scaling_bound(codec))
             c.scaled = int(bool(scaled))
         else:                           # another per-value codec on the tagged socket

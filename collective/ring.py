@@ -4,7 +4,7 @@ run yet.
 
 The ring itself, its schedule, transports and wire, is described once in docs/collectives.md
 ("The ring", "The ring engine", "Wire format v2"). ``Group.allreduce`` runs it on the C engine
-(collective/engine.py) for raw floats and the INCEPTIONN codec; ``ring_allreduce`` below runs
+(collective/engine.py) for raw floats, the INCEPTIONN codec and THC; ``ring_allreduce`` below runs
 the same schedule in two threads for ``app`` mode with the other codecs (and INCEPTIONN's app
 mode without scaling), which decode, add and re-encode per hop. WA (wa.py) and the simulator
 use ``Wire`` in every mode, so the simulator gives the bits of a real ring (tested).

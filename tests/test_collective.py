@@ -614,6 +614,54 @@ def test_ranks_holding_different_thc_tables_raise_at_the_first_call():
         assert not ok and "RuntimeError: collective mismatch" in msg and "codec=" in msg, msg
 
 
+def _thc_both_rings(g, rank, n):
+    """THC on the C engine (homomorphic) and, for comparison, on ring.py's Python ring (the engine
+    switched off): results, data-plane bytes sent and residuals."""
+    from inceptionn.collective import engine
+    real, out = engine.supports, []
+    for variant in ("engine", "python"):
+        engine.supports = real if variant == "engine" else (lambda mode, codec, scaled: False)
+        try:
+            r = g.allreduce(data(rank, n), compress="app", codec=get_codec("thc", noise_seed=rank), key=variant)
+        finally:
+            engine.supports = real
+        out.append((r, g.stats.last.bytes_sent["data"], g.error_feedback.residual(("allreduce", variant)).copy()))
+    return out
+
+
+@pytest.mark.parametrize("world", [4, 9])
+def test_thc_runs_in_the_engine_summed_without_decoding(world):
+    """THC through Group.allreduce runs in the C ring engine: every rank holds the same bits; a
+    rank sends its own 4-bit indices once, then sums of table values in the narrowest width that
+    holds them (8 bits up to 8 ranks at g = 30, then 16) and the owner's sum forwarded as it is;
+    its error is no worse than the Python ring's (decode, add, re-encode per hop) on the same
+    inputs; and the result plus every rank's residual is the inputs' sum (error feedback keeps
+    x - what its own indices decode to)."""
+    from inceptionn.codecs import thc_reference as ref
+    n = 100_000
+    res = run_ranks(world, _thc_both_rings, n, timeout=240)
+    exact = np.sum([data(r, n).astype(np.float64) for r in range(world)], axis=0)
+    nmse = {}
+    for i, variant in enumerate(("engine", "python")):
+        got = [r[i][0] for r in res]
+        assert same_bits(got), variant
+        err = got[0] - exact
+        nmse[variant] = float(err @ err / (exact @ exact))
+    assert nmse["engine"] <= nmse["python"] and nmse["engine"] < 0.012 * world, nmse
+    held = res[0][0][0].astype(np.float64) + np.sum([r[0][2] for r in res], axis=0)
+    assert float((held - exact) @ (held - exact)) <= 1e-9 * float(exact @ exact)
+    bounds = block_bounds(n, world)
+
+    def blob(b, width):
+        return 4 + ref.blob_size(bounds[b][1] - bounds[b][0], 4, width)
+    for rank, r in enumerate(res):
+        own = [(rank - j) % world for j in range(2 * world - 2)]        # block sent at step j
+        width = [8 if (j + 1) * 30 <= 255 else 16 for j in range(world)]
+        want = blob(own[0], 4) + sum(blob(own[j], width[j]) for j in range(1, world - 1)) \
+            + sum(blob(own[j], width[world - 1]) for j in range(world - 1, 2 * world - 2))
+        assert r[0][1] == want, (rank, r[0][1], want)
+
+
 def _bad_args(g, rank):
     errors = []
     x = data(rank, 10)
