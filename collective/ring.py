@@ -6,8 +6,8 @@ The ring itself, its schedule, transports and wire, is described once in docs/co
 (collective/ring_engine.c), which ``Group.allreduce`` calls through collective/engine.py for
 every mode and codec and the MPI library calls directly. WA (wa.py) and the simulator use
 ``Wire``, which computes the engine's bits chunk for chunk (decode, add, re-encode per hop), so the
-simulator gives the bits of a real ring (tested), except for THC, which the engine sums without
-decoding.
+simulator gives the bits of a real ring (tested), except for THC, which both sum without decoding
+(the same algorithm, other rounding noise).
 
 Error feedback: ``sink.record(a, b, sent, decoded)`` is called for every chunk a WA worker puts on
 the wire (``decoded`` = what the receiver gets, ``Wire.send``'s second value).
@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..codecs.blockscale import BLOCK_VALUES, HEADROOM, BlockScale
+from ..codecs.thc import THCCodec
 
 MODES = ("raw", "nic", "app")
 
@@ -129,7 +130,7 @@ def receive(wire: Wire, payload, out: np.ndarray) -> None:
 
 def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, codec=None,
                   scaled: bool = False, block: int = BLOCK_VALUES, headroom: int = HEADROOM, count=None,
-                  progress=None) -> np.ndarray:
+                  progress=None, sum_encoded: bool | None = None) -> np.ndarray:
     """What the ring engine on ``world`` ranks leaves on every rank, computed in one process
     (bench/scale.py): the same blocks, chunks and Wire transforms in the same order, without
     sockets, so the bits are those of the real ring (tests/test_collective.py holds them
@@ -140,8 +141,16 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
     last one owns it (``Wire.own``), and phase 2 gives every rank what the owner's payload
     decodes to, which is what the owner keeps. ``count(payload, m, times)``, if given, sees every
     payload: phase 1's once each, the owner's with times = world - 1 (it crosses that many links).
-    ``progress(done, world)`` is called after each ring block."""
+    ``progress(done, world)`` is called after each ring block.
+
+    THC in app mode (``sum_encoded`` None or True) is summed without decoding, as the engine does
+    (docs/collectives.md, "The ring engine"): every rank's values encoded once, the streams added
+    in the encoded domain, the owner's sum decoded; the same algorithm and wire sizes as the
+    engine, not its bits (other rounding noise). ``sum_encoded=False`` runs THC like the other
+    codecs (decode, add, re-encode per hop), the ring before the engine ran THC."""
     assert mode in MODES and world >= 2
+    if mode == "app" and isinstance(codec, THCCodec) and sum_encoded is not False:
+        return _simulate_summed(n, world, values, chunk_values, codec, count, progress)
     wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block, headroom=headroom)
     out = np.empty(n, dtype=np.float32)
     for b, (lo, hi) in enumerate(block_bounds(n, world)):
@@ -161,6 +170,25 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
             if count is not None:
                 count(payload, e - a, world - 1)
             out[a:e] = acc
+        if progress is not None:
+            progress(b + 1, world)
+    return out
+
+
+def _simulate_summed(n, world, values, chunk_values, codec, count, progress) -> np.ndarray:
+    """simulate_ring for a codec that sums encoded streams (THC)."""
+    out = np.empty(n, dtype=np.float32)
+    for b, (lo, hi) in enumerate(block_bounds(n, world)):
+        for a, e in chunk_list(lo, hi, chunk_values):
+            acc = codec.encode(np.array(values(b, a, e), dtype=np.float32))
+            for j in range(1, world):
+                if count is not None:
+                    count(acc, e - a, 1)
+                acc = codec.sum_encoded([acc, codec.encode(np.array(values((b + j) % world, a, e), dtype=np.float32))],
+                                        e - a)
+            if count is not None:
+                count(acc, e - a, world - 1)
+            out[a:e] = codec.decode_sum(acc, e - a, reduce="sum")
         if progress is not None:
             progress(b + 1, world)
     return out

@@ -625,7 +625,8 @@ def test_thc_runs_in_the_engine_summed_without_decoding(world):
     rank sends its own 4-bit indices once, then sums of table values in the narrowest width that
     holds them (8 bits up to 8 ranks at g = 30, then 16) and the owner's sum forwarded as it is;
     its error is no worse than that of the ring that decodes, adds and re-encodes per hop (ring.py's
-    until now, its arithmetic in ring.simulate_ring) on the same inputs; and the result plus every
+    until now, its arithmetic in ring.simulate_ring with sum_encoded=False) on the same inputs, the
+    simulator's summed ring within 10% of it; and the result plus every
     rank's residual is the inputs' sum (error feedback keeps x - what its own indices decode to)."""
     from inceptionn.codecs import thc_reference as ref
     from inceptionn.collective.ring import simulate_ring
@@ -637,9 +638,12 @@ def test_thc_runs_in_the_engine_summed_without_decoding(world):
     assert same_bits(got)
     codec = get_codec("thc", noise_seed=99)
     codec.agree(max(codec.local_stat(x) for x in xs), 1)
-    sim = simulate_ring(n, world, lambda r, a, b: xs[r][a:b], chunk_values=n, mode="app", codec=codec)
-    nmse = {name: float((v - exact) @ (v - exact) / (exact @ exact)) for name, v in (("engine", got[0]), ("hops", sim))}
+    sims = {kind: simulate_ring(n, world, lambda r, a, b: xs[r][a:b], chunk_values=n, mode="app", codec=codec,
+                                sum_encoded=kind == "summed") for kind in ("hops", "summed")}
+    nmse = {name: float((v - exact) @ (v - exact) / (exact @ exact))
+            for name, v in (("engine", got[0]), *sims.items())}
     assert nmse["engine"] <= nmse["hops"] and nmse["engine"] < 0.012 * world, nmse
+    assert abs(nmse["summed"] / nmse["engine"] - 1) < 0.1, nmse    # the simulator: the same algorithm
     held = got[0].astype(np.float64) + np.sum([r[2] for r in res], axis=0)
     assert float((held - exact) @ (held - exact)) <= 1e-9 * float(exact @ exact)
     bounds = block_bounds(n, world)

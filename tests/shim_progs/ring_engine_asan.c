@@ -51,6 +51,23 @@ static float value(int rank, size_t i, int seed)
     return (float)((h & 1) ? -mag : mag);
 }
 
+/* Join N rank threads; the first nonzero status (its rank's line on stderr), and whether what each
+ * rank sent is what its right neighbour received. */
+static int join_ranks(struct rank *k, pthread_t *t, int N, const char *what)
+{
+    int st = 0;
+    for (int r = 0; r < N; r++) {
+        pthread_join(t[r], NULL);
+        if (k[r].st && !st) {
+            st = k[r].st;
+            fprintf(stderr, "%s rank %d: %s\n", what, r, k[r].err);
+        }
+    }
+    for (int r = 0; r < N && !st; r++)
+        CHECK(k[r].stats.bytes_sent == k[(r + 1) % N].stats.bytes_received, "%s: bytes of rank %d's link", what, r);
+    return st;
+}
+
 /* One ring of N ranks over socket pairs; out[r] (n floats each) gets rank r's result, res[r] its
  * residual when feedback. Returns the first nonzero status. */
 static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, int feedback, float **out, float **res)
@@ -77,21 +94,10 @@ static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, in
         }
         pthread_create(&t[r], NULL, rank_main, &k[r]);
     }
-    int st = 0;
-    for (int r = 0; r < N; r++) {
-        pthread_join(t[r], NULL);
-        if (k[r].st && !st) {
-            st = k[r].st;
-            fprintf(stderr, "rank %d: %s\n", r, k[r].err);
-        }
-    }
-    /* what a rank sent is what its right neighbour received; a tagged rank sends its wire floats:
-     * 2 (N - 1) / N of the values plus one exponent per block of a chunk (chunk 300: 2 blocks) */
-    for (int r = 0; r < N && !st; r++) {
-        CHECK(k[r].stats.bytes_sent == k[(r + 1) % N].stats.bytes_received, "bytes of rank %d's link", r);
+    int st = join_ranks(k, t, N, tp->name);
+    for (int r = 0; r < N && !st; r++)      /* raw: 2 (N - 1) / N of the values */
         if (tp == &re_transport_raw)
             CHECK(k[r].stats.bytes_sent <= 4 * (2 * (n / (size_t)N + 1)) * (size_t)(N - 1), "raw bytes");
-    }
     for (int r = 0; r < N; r++)
         close(fds[r][0]), close(fds[r][1]);
     return st;
@@ -256,16 +262,7 @@ static int thc_ring(int N, size_t n, float **out, float **res)
             out[r][i] = value(r, i, 11);
         pthread_create(&t[r], NULL, rank_main, &k[r]);
     }
-    int status = 0;
-    for (int r = 0; r < N; r++) {
-        pthread_join(t[r], NULL);
-        if (k[r].st && !status) {
-            status = k[r].st;
-            fprintf(stderr, "thc rank %d: %s\n", r, k[r].err);
-        }
-    }
-    for (int r = 0; r < N && !status; r++)
-        CHECK(k[r].stats.bytes_sent == k[(r + 1) % N].stats.bytes_received, "thc bytes of rank %d's link", r);
+    int status = join_ranks(k, t, N, "thc");
     for (int r = 0; r < N; r++)
         close(fds[r][0]), close(fds[r][1]);
     return status;
