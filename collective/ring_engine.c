@@ -441,8 +441,8 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
     B->wbuf = malloc(wmax * sizeof(float));     /* wire floats being built or decoded */
     B->sbuf = malloc(pmax);                     /* the outgoing payload of a SEND or RECV_REDUCE_SEND */
     B->rbuf = malloc(pmax);                     /* the incoming payload */
-    B->obuf = malloc(pmax);                     /* this rank's own stream, to add (homomorphic) */
-    if (!B->sends || !B->recvs || !B->tmp || !B->wbuf || !B->sbuf || !B->rbuf || !B->obuf)
+    B->obuf = homomorphic(r) ? malloc(pmax) : NULL;     /* this rank's own stream, to add */
+    if (!B->sends || !B->recvs || !B->tmp || !B->wbuf || !B->sbuf || !B->rbuf || (homomorphic(r) && !B->obuf))
         return fail(c, RE_E_NOMEM, "out of memory");
     list_items(B->ops, nops, n, N, chunk, B->sends, &ns, B->recvs, &nr);
     B->keep = calloc(nr ? nr : 1, sizeof *B->keep);
