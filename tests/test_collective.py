@@ -688,6 +688,53 @@ def test_app_mode_codecs_run_in_the_engine_with_the_python_rings_bits(world):
         assert np.array_equal(sim.view(np.uint32), got[0].view(np.uint32)), name
 
 
+class FaultyAppCodec(GridCodec):
+    """A whole-block codec for the app path: float32 as they are, but rank 1's ``encode`` raises
+    (``fail="encode"``) or its stream is cut short so its right neighbour cannot decode it
+    (``fail="stream"``)."""
+
+    name = "faultytest"
+    per_value = False
+
+    def encode(self, x):
+        if self._fail == "encode":
+            raise ArithmeticError("faultytest: refused")
+        blob = super().encode(x)
+        return blob[:-4] if self._fail == "stream" else blob
+
+    def decode_into(self, blob, out):
+        if len(blob) != 4 * out.size:
+            raise ValueError(f"faultytest: {len(blob)} bytes for {out.size} values")
+        return super().decode_into(blob, out)
+
+
+def _faulty_run(g, rank, fail):
+    try:
+        return True, g.allreduce(data(rank, 3000), compress="app", codec=FaultyAppCodec(rank == 1 and fail))
+    except ArithmeticError as e:
+        return False, str(e)
+    except Exception as e:      # noqa: BLE001
+        return False, f"{type(e).__name__}: {e}"
+
+
+def test_app_mode_python_codec_failures_in_the_engine():
+    """compress="app" with a Python codec in the C engine (its encode/decode_into called back): a
+    sum like the exact one when it works; an exception in its encode reaches that rank's caller
+    and its neighbours fail instead of returning a sum; a stream its right neighbour cannot decode
+    (ValueError) fails that neighbour with WireError naming the codec's reason (the rank that
+    sent it fails too: its error feedback decodes its own stream)."""
+    world = 3
+    res = run_ranks(world, _faulty_run, False)
+    exact = sum(data(r, 3000) for r in range(world))
+    assert all(ok for ok, _ in res) and same_bits([v for _, v in res])
+    assert np.allclose(res[0][1], exact, rtol=0, atol=1e-6)
+    res = run_ranks(world, _faulty_run, "encode")
+    assert res[1] == (False, "faultytest: refused"), res
+    assert all(not ok and msg.startswith("ConnectionError") for ok, msg in res[::2]), res
+    res = run_ranks(world, _faulty_run, "stream")
+    assert not res[1][0] and res[1][1].startswith("EngineError") and not res[2][0] and res[2][1].startswith("WireError") and "faultytest: 3996 bytes for 1000 values" in res[2][1], res
+
+
 def _bad_args(g, rank):
     errors = []
     x = data(rank, 10)
