@@ -2,8 +2,8 @@
 library runs; its schedule, transports and wire: docs/collectives.md, "The ring engine"), the one
 implementation of the ring's schedule.
 
-The engine runs raw floats and every codec: INCEPTIONN's and THC's C codecs in C (THC in app mode
-summed without decoding), any other codec through its Python methods called back (``reconstruct``
+The engine runs raw floats and every codec: INCEPTIONN's, THC's and 3LC's C codecs in C (THC in
+app mode summed without decoding), any other codec through its Python methods called back (``reconstruct``
 on the tagged socket, ``encode``/``decode_into`` in the process); ``supports`` says which calls
 it takes.
 It runs the whole ring in one C call without the GIL, on the Group's two ring sockets; Python
@@ -17,6 +17,7 @@ import numpy as np
 
 from ..codecs.inceptionn import InceptionnCodec
 from ..codecs.thc import THCCodec
+from ..codecs.threelc import ThreeLCCodec
 from ._engine import ffi, lib
 from .ring import WireError, scaling_bound
 from .stats import Timers
@@ -30,8 +31,8 @@ class EngineError(RuntimeError):
 def supports(mode: str, codec, scaled: bool) -> bool:
     """raw floats; on the tagged socket the INCEPTIONN codec (scaled or not) and any other per-value
     codec (its ``reconstruct`` called back from the engine; scaled, INCEPTIONN's at its bound, as
-    ring.Wire does); in the process every codec: INCEPTIONN's and THC's in C (THC summed without
-    decoding), any other through its Python ``encode``/``decode_into`` called back."""
+    ring.Wire does); in the process every codec: INCEPTIONN's, THC's and 3LC's in C (THC summed
+    without decoding), any other through its Python ``encode``/``decode_into`` called back."""
     if mode == "nic":
         return type(codec) is InceptionnCodec or codec.per_value
     return mode in ("raw", "app")
@@ -148,6 +149,10 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
         if type(codec) is THCCodec:
             state = _thc_state(codec, world)
             lib.re_codec_thc(c, state)
+        elif mode == "app" and type(codec) is ThreeLCCodec and codec.impl == "c" and not scaled:
+            state = ffi.new("struct re_tlc *")
+            state.sparsity, state.zre = codec.sparsity, int(bool(codec.zre))
+            lib.re_codec_threelc(c, state)
         elif mode == "app" and type(codec) is not InceptionnCodec:    # any other codec, called back
             state = _PythonCodec(codec, c, failures, (send, recv))
             c.scaled = int(bool(scaled))

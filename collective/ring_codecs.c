@@ -1,11 +1,13 @@
 /*
  * The codecs behind the ring engine's codec interface (ring_engine.h, struct re_codec) besides
  * INCEPTIONN's, which ring_engine.c keeps: THC (codecs_c/thc_codec.h), whose encoded streams the
- * engine sums without decoding (docs/collectives.md, "The ring engine").
+ * engine sums without decoding (docs/collectives.md, "The ring engine"), and 3LC
+ * (codecs_c/threelc_codec.h), decoded, added and re-encoded per hop like any codec.
  *
  * Everything a peer sends is read by the codecs' checked decoders (thc_inspect, thc_sum,
  * thc_decode_rotated); the header of a received stream must also carry this call's parameters
- * (bits, granularity, table, range M, rotation seed), or it is refused as THC_E_MISMATCH.
+ * (bits, granularity, table, range M, rotation seed), or it is refused as THC_E_MISMATCH; 3LC's
+ * streams are read by tlc_decode, which checks every read against the stream's length.
  */
 #include "ring_engine.h"
 
@@ -14,6 +16,7 @@
 #include <string.h>
 
 #include "thc_codec.h"
+#include "threelc_codec.h"
 
 /* --- THC ---------------------------------------------------------------------------------------- */
 
@@ -132,4 +135,30 @@ void re_codec_thc(struct re_codec *c, struct re_thc *s)
     *c = (struct re_codec){.name = "thc", .state = s, .max_encoded_size = thc_max_size, .encode = thc_enc,
                            .decode = thc_dec, .sum_encoded = thc_add, .count_encoded = thc_count,
                            .strerror = thc_strerror};
+}
+
+/* --- 3LC ---------------------------------------------------------------------------------------- */
+
+static size_t tlc_max_size(const struct re_codec *c, size_t n)
+{
+    (void)c;
+    return tlc_max_encoded_size(n);
+}
+
+static ptrdiff_t tlc_enc(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
+{
+    const struct re_tlc *s = c->state;
+    return tlc_encode(x, n, s->sparsity, s->zre, out, cap, NULL);
+}
+
+static int tlc_dec(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
+{
+    (void)c;
+    return tlc_decode(in, len, out, n, NULL);
+}
+
+void re_codec_threelc(struct re_codec *c, struct re_tlc *s)
+{
+    *c = (struct re_codec){.name = "3lc", .state = s, .max_encoded_size = tlc_max_size, .encode = tlc_enc,
+                           .decode = tlc_dec, .strerror = tlc_strerror};
 }

@@ -79,6 +79,15 @@ struct re_thc {
 
 void re_codec_thc(struct re_codec *c, struct re_thc *s);
 
+/* 3LC (codecs_c/threelc_codec.h) with sparsity multiplier s and zero-run encoding on or off
+ * (collective/ring_codecs.c): stateless, the same stream as threelc.py's C path. */
+struct re_tlc {
+    float sparsity;
+    int zre;
+};
+
+void re_codec_threelc(struct re_codec *c, struct re_tlc *s);
+
 /*
  * How a chunk travels (a table of operations; the caller tags the sockets to match):
  * re_transport_raw     float32 as they are: exact, no codec, no error feedback

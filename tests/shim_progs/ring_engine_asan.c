@@ -70,10 +70,12 @@ static int join_ranks(struct rank *k, pthread_t *t, int N, const char *what)
 
 /* One ring of N ranks over socket pairs; out[r] (n floats each) gets rank r's result, res[r] its
  * residual when feedback. Returns the first nonzero status. */
-static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, int feedback, float **out, float **res)
+static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, int feedback, float **out, float **res,
+                const struct re_codec *other)
 {
-    struct re_codec codec;
-    re_codec_inceptionn(&codec, -10);
+    struct re_codec inc;
+    re_codec_inceptionn(&inc, -10);
+    const struct re_codec *codec = other ? other : &inc;
     int fds[MAXR][2];
     struct rank k[MAXR];
     pthread_t t[MAXR];
@@ -83,7 +85,7 @@ static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, in
     for (int r = 0; r < N; r++) {
         /* pair r: rank r sends on [0], rank r + 1 receives on [1]; feedback: compensated by 0 */
         k[r] = (struct rank){.ring = {.rank = r, .size = N, .send_fd = fds[r][0], .recv_fd = fds[(r + N - 1) % N][1],
-                                      .timeout_ms = 20000, .chunk = chunk, .tp = tp, .codec = &codec},
+                                      .timeout_ms = 20000, .chunk = chunk, .tp = tp, .codec = codec},
                              .x = out[r], .res = feedback ? res[r] : NULL, .n = n};
         for (size_t i = 0; i < n; i++)
             out[r][i] = value(r, i, 7);
@@ -126,9 +128,9 @@ static void rings(void)
             size_t n = lens[li], chunk = 300;
             float **raw = alloc(N, n), **nic = alloc(N, n), **app = alloc(N, n);
             float **rn = alloc(N, n), **ra = alloc(N, n);
-            CHECK(ring(N, n, chunk, &re_transport_raw, 0, raw, NULL) == 0, "raw N=%d n=%zu", N, n);
-            CHECK(ring(N, n, chunk, &re_transport_tagged, 1, nic, rn) == 0, "nic N=%d n=%zu", N, n);
-            CHECK(ring(N, n, chunk, &re_transport_codec, 1, app, ra) == 0, "app N=%d n=%zu", N, n);
+            CHECK(ring(N, n, chunk, &re_transport_raw, 0, raw, NULL, NULL) == 0, "raw N=%d n=%zu", N, n);
+            CHECK(ring(N, n, chunk, &re_transport_tagged, 1, nic, rn, NULL) == 0, "nic N=%d n=%zu", N, n);
+            CHECK(ring(N, n, chunk, &re_transport_codec, 1, app, ra, NULL) == 0, "app N=%d n=%zu", N, n);
             int same = 1, nic_app = 1, near_raw = 1, near_scaled = 1, ef = 1;
             for (int r = 0; r < N; r++) {
                 same &= !memcmp(raw[r], raw[0], n * 4) && !memcmp(nic[r], nic[0], n * 4) &&
@@ -160,10 +162,12 @@ static void rings(void)
 
 /* A rank of a 2-rank ring whose left neighbour writes `bytes` then closes (close_after) or stays
  * silent. Returns the call's status. */
-static int hostile(const struct re_transport *tp, const void *bytes, size_t len, int close_after, int timeout_ms)
+static int hostile(const struct re_transport *tp, const void *bytes, size_t len, int close_after, int timeout_ms,
+                   const struct re_codec *other)
 {
-    struct re_codec codec;
-    re_codec_inceptionn(&codec, -10);
+    struct re_codec inc;
+    re_codec_inceptionn(&inc, -10);
+    const struct re_codec *codec = other ? other : &inc;
     int out[2], in[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, out) ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in))
@@ -178,7 +182,7 @@ static int hostile(const struct re_transport *tp, const void *bytes, size_t len,
     if (close_after)
         close(in[0]);
     struct rank k = {.ring = {.rank = 0, .size = 2, .send_fd = out[0], .recv_fd = in[1], .timeout_ms = timeout_ms,
-                              .chunk = 256, .tp = tp, .codec = &codec},
+                              .chunk = 256, .tp = tp, .codec = codec},
                      .x = x, .n = n};
     rank_main(&k);
     if (!close_after)
@@ -202,19 +206,19 @@ static void hostile_peers(void)
     memcpy(bad_val, w, sizeof w);
     bad_exp[0] = 5.0f;
     bad_val[100] = 3.0f;
-    CHECK(hostile(&re_transport_tagged, bad_exp, sizeof bad_exp, 0, 5000) == RE_E_DATA, "bad exponent accepted");
-    CHECK(hostile(&re_transport_tagged, bad_val, sizeof bad_val, 0, 5000) == RE_E_DATA, "bad value accepted");
-    CHECK(hostile(&re_transport_tagged, w, 100, 1, 5000) == RE_E_PEER, "a cut chunk then close: not a peer failure");
-    CHECK(hostile(&re_transport_tagged, NULL, 0, 0, 300) == RE_E_TIMEOUT, "silence: not a timeout");
+    CHECK(hostile(&re_transport_tagged, bad_exp, sizeof bad_exp, 0, 5000, NULL) == RE_E_DATA, "bad exponent accepted");
+    CHECK(hostile(&re_transport_tagged, bad_val, sizeof bad_val, 0, 5000, NULL) == RE_E_DATA, "bad value accepted");
+    CHECK(hostile(&re_transport_tagged, w, 100, 1, 5000, NULL) == RE_E_PEER, "a cut chunk then close: not a peer failure");
+    CHECK(hostile(&re_transport_tagged, NULL, 0, 0, 300, NULL) == RE_E_TIMEOUT, "silence: not a timeout");
     uint8_t long_frame[8] = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4};
-    CHECK(hostile(&re_transport_codec, long_frame, sizeof long_frame, 0, 5000) == RE_E_DATA, "long frame accepted");
+    CHECK(hostile(&re_transport_codec, long_frame, sizeof long_frame, 0, 5000, NULL) == RE_E_DATA, "long frame accepted");
     uint8_t junk[4 + 40] = {40, 0, 0, 0};
     for (int i = 4; i < 44; i++)
         junk[i] = (uint8_t)(0xA5 ^ i);
-    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000) == RE_E_DATA, "corrupt stream accepted");
+    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000, NULL) == RE_E_DATA, "corrupt stream accepted");
     uint8_t empty[4] = {0, 0, 0, 0};
-    CHECK(hostile(&re_transport_codec, empty, sizeof empty, 0, 5000) == RE_E_DATA, "empty frame accepted");
-    CHECK(hostile(&re_transport_raw, NULL, 0, 1, 5000) == RE_E_PEER, "closed: not a peer failure");
+    CHECK(hostile(&re_transport_codec, empty, sizeof empty, 0, 5000, NULL) == RE_E_DATA, "empty frame accepted");
+    CHECK(hostile(&re_transport_raw, NULL, 0, 1, 5000, NULL) == RE_E_PEER, "closed: not a peer failure");
 }
 
 
@@ -374,6 +378,41 @@ static void thc_hostile_peers(void)
     CHECK(thc_hostile(idx, sizeof idx, 0xFFFFFF) == RE_E_DATA, "thc: a frame longer than a block accepted");
 }
 
+/* 3LC (collective/ring_codecs.c) in the codec transport: decoded, added, re-encoded per hop, one
+ * chunk per block as Group runs it; ranks bit-identical, error feedback's residuals add up; a
+ * corrupt stream fails the call. */
+static void tlc_rings(void)
+{
+    struct re_tlc st = {.sparsity = 1.0f, .zre = 1};
+    struct re_codec codec;
+    re_codec_threelc(&codec, &st);
+    static const size_t lens[] = {1, 7, 1001, 5000};
+    for (int N = 2; N <= MAXR; N++)
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            size_t n = lens[li];
+            float **out = alloc(N, n), **res = alloc(N, n);
+            CHECK(ring(N, n, n, &re_transport_codec, 1, out, res, &codec) == 0, "3lc N=%d n=%zu", N, n);
+            int same = 1, ef = 1;
+            for (int r = 0; r < N; r++)
+                same &= !memcmp(out[r], out[0], n * 4);
+            for (size_t i = 0; i < n; i++) {
+                double s = 0, a = 0, held = out[0][i];
+                for (int r = 0; r < N; r++)
+                    s += value(r, i, 7), a += fabs(value(r, i, 7)), held += res[r][i];
+                ef &= fabs(held - s) <= 1e-5 * a + 1e-12;
+            }
+            CHECK(same, "3lc ranks differ, N=%d n=%zu", N, n);
+            CHECK(ef, "3lc: result + residuals is not the input sum, N=%d n=%zu", N, n);
+            release(out, N), release(res, N);
+        }
+    uint8_t junk[4 + 40] = {40, 0, 0, 0};
+    for (int i = 4; i < 44; i++)
+        junk[i] = (uint8_t)(0x5A ^ i);
+    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000, &codec) == RE_E_DATA, "3lc: corrupt stream accepted");
+    uint8_t cut[4 + 11] = {11, 0, 0, 0};                       /* shorter than 3LC's 12-byte header */
+    CHECK(hostile(&re_transport_codec, cut, sizeof cut, 0, 5000, &codec) == RE_E_DATA, "3lc: cut header accepted");
+}
+
 static void arguments(void)
 {
     struct re_codec codec;
@@ -403,6 +442,7 @@ int main(void)
     hostile_peers();
     thc_rings();
     thc_hostile_peers();
+    tlc_rings();
     printf("ring_engine: %d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
