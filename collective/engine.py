@@ -2,8 +2,8 @@
 library runs; its schedule, transports and wire: docs/collectives.md, "The ring engine"), the one
 implementation of the ring's schedule.
 
-The engine runs raw floats and every codec: INCEPTIONN's, THC's and 3LC's C codecs in C (THC in
-app mode summed without decoding), any other codec through its Python methods called back (``reconstruct``
+The engine runs raw floats and every codec: INCEPTIONN's, THC's, 3LC's and TernGrad's C codecs in
+C (THC in app mode summed without decoding), any other codec through its Python methods called back (``reconstruct``
 on the tagged socket, ``encode``/``decode_into`` in the process); ``supports`` says which calls
 it takes.
 It runs the whole ring in one C call without the GIL, on the Group's two ring sockets; Python
@@ -16,6 +16,7 @@ import socket
 import numpy as np
 
 from ..codecs.inceptionn import InceptionnCodec
+from ..codecs.terngrad import PACKINGS, TernGradCodec
 from ..codecs.thc import THCCodec
 from ..codecs.threelc import ThreeLCCodec
 from ._engine import ffi, lib
@@ -31,8 +32,9 @@ class EngineError(RuntimeError):
 def supports(mode: str, codec, scaled: bool) -> bool:
     """raw floats; on the tagged socket the INCEPTIONN codec (scaled or not) and any other per-value
     codec (its ``reconstruct`` called back from the engine; scaled, INCEPTIONN's at its bound, as
-    ring.Wire does); in the process every codec: INCEPTIONN's, THC's and 3LC's in C (THC summed
-    without decoding), any other through its Python ``encode``/``decode_into`` called back."""
+    ring.Wire does); in the process every codec: INCEPTIONN's, THC's, 3LC's and TernGrad's in C
+    (THC summed without decoding), any other through its Python ``encode``/``decode_into`` called
+    back."""
     if mode == "nic":
         return type(codec) is InceptionnCodec or codec.per_value
     return mode in ("raw", "app")
@@ -144,7 +146,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     assert supports(mode, codec, scaled) and world >= 2
     c = ffi.new("struct re_codec *")
     failures: list = []
-    callback = state = None
+    callback = state = start_draw = None
     if mode != "raw":
         if type(codec) is THCCodec:
             state = _thc_state(codec, world)
@@ -153,6 +155,13 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
             state = ffi.new("struct re_tlc *")
             state.sparsity, state.zre = codec.sparsity, int(bool(codec.zre))
             lib.re_codec_threelc(c, state)
+        elif mode == "app" and type(codec) is TernGradCodec and codec.impl == "c" and not scaled and \
+                (not codec.share_scaler or codec.agreed_scaler is not None):
+            state = ffi.new("struct re_tg *")
+            state.clip, state.packing, state.seed = codec.clip, PACKINGS[codec.packing], codec._seed
+            state.shared = codec.agreed_scaler if codec.share_scaler else -1.0
+            state.draw = start_draw = codec._draw % 2**64
+            lib.re_codec_terngrad(c, state)
         elif mode == "app" and type(codec) is not InceptionnCodec:    # any other codec, called back
             state = _PythonCodec(codec, c, failures, (send, recv))
             c.scaled = int(bool(scaled))
@@ -177,6 +186,8 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     st = lib.re_allreduce(r, ffi.cast("float *", ffi.from_buffer(work)), work.size,
                           ffi.cast("float *", ffi.from_buffer(lost)) if lost is not None else ffi.NULL,
                           stats, err, len(err))
+    if start_draw is not None:           # TernGrad: the random stream's position moves on
+        codec._draw += (int(state.draw) - start_draw) % 2**64
     send.counters.add(send.send_plane, sent=int(stats.bytes_sent))
     recv.counters.add(recv.recv_plane, received=int(stats.bytes_received))
     if timers is not None:

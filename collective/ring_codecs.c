@@ -1,13 +1,15 @@
 /*
  * The codecs behind the ring engine's codec interface (ring_engine.h, struct re_codec) besides
  * INCEPTIONN's, which ring_engine.c keeps: THC (codecs_c/thc_codec.h), whose encoded streams the
- * engine sums without decoding (docs/collectives.md, "The ring engine"), and 3LC
- * (codecs_c/threelc_codec.h), decoded, added and re-encoded per hop like any codec.
+ * engine sums without decoding (docs/collectives.md, "The ring engine"), 3LC
+ * (codecs_c/threelc_codec.h) and TernGrad (codecs_c/terngrad_codec.h), decoded, added and
+ * re-encoded per hop like any codec.
  *
  * Everything a peer sends is read by the codecs' checked decoders (thc_inspect, thc_sum,
  * thc_decode_rotated); the header of a received stream must also carry this call's parameters
  * (bits, granularity, table, range M, rotation seed), or it is refused as THC_E_MISMATCH; 3LC's
- * streams are read by tlc_decode, which checks every read against the stream's length.
+ * and TernGrad's streams are read by tlc_decode and tg_decode, which check every read against the
+ * stream's length.
  */
 #include "ring_engine.h"
 
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "thc_codec.h"
+#include "terngrad_codec.h"
 #include "threelc_codec.h"
 
 /* --- THC ---------------------------------------------------------------------------------------- */
@@ -161,4 +164,34 @@ void re_codec_threelc(struct re_codec *c, struct re_tlc *s)
 {
     *c = (struct re_codec){.name = "3lc", .state = s, .max_encoded_size = tlc_max_size, .encode = tlc_enc,
                            .decode = tlc_dec, .strerror = tlc_strerror};
+}
+
+/* --- TernGrad ----------------------------------------------------------------------------------- */
+
+static size_t tg_max_size(const struct re_codec *c, size_t n)
+{
+    const struct re_tg *s = c->state;
+    return tg_encoded_size(n, s->packing);
+}
+
+/* each encode takes the next tg_draws(n) draws of the random stream, as terngrad.py's encode */
+static ptrdiff_t tg_enc(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
+{
+    struct re_tg *s = c->state;
+    ptrdiff_t got = tg_encode(x, n, s->clip, s->shared, s->packing, s->seed, s->draw, out, cap);
+    if (got >= 0)
+        s->draw += tg_draws(n);
+    return got;
+}
+
+static int tg_dec(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
+{
+    (void)c;
+    return tg_decode(in, len, out, n, NULL);
+}
+
+void re_codec_terngrad(struct re_codec *c, struct re_tg *s)
+{
+    *c = (struct re_codec){.name = "terngrad", .state = s, .max_encoded_size = tg_max_size, .encode = tg_enc,
+                           .decode = tg_dec, .strerror = tg_strerror};
 }

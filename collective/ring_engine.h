@@ -88,6 +88,18 @@ struct re_tlc {
 
 void re_codec_threelc(struct re_codec *c, struct re_tlc *s);
 
+/* TernGrad (codecs_c/terngrad_codec.h): clip, the agreed scaler (negative: none), packing, and the
+ * random stream's seed and position, which every encode advances by tg_draws(n) (the caller reads
+ * draw back after the call; collective/ring_codecs.c). */
+struct re_tg {
+    double clip;
+    float shared;
+    int packing;
+    uint64_t seed, draw;
+};
+
+void re_codec_terngrad(struct re_codec *c, struct re_tg *s);
+
 /*
  * How a chunk travels (a table of operations; the caller tags the sockets to match):
  * re_transport_raw     float32 as they are: exact, no codec, no error feedback

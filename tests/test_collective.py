@@ -735,6 +735,33 @@ def test_app_mode_python_codec_failures_in_the_engine():
     assert not res[1][0] and res[1][1].startswith("EngineError") and not res[2][0] and res[2][1].startswith("WireError") and "faultytest: 3996 bytes for 1000 values" in res[2][1], res
 
 
+def _terngrad_pair(g, rank, n):
+    c = get_codec("terngrad", seed=100 + rank)
+    out = g.allreduce(data(rank, n, seed=3), compress="app", codec=c, error_feedback=False)
+    return out, c._draw
+
+
+def test_terngrad_in_the_engine_gives_the_bits_of_its_python_codec():
+    """TernGrad runs its C codec inside the engine, each encode taking the next draws of the rank's
+    random stream as terngrad.py's encode does: on 2 ranks (each encodes its own block, then the
+    block it owns) the result is what the Python codecs compute in that order, and the codecs'
+    stream positions moved on by those two encodes."""
+    n = 20_001
+    res = run_ranks(2, _terngrad_pair, n)
+    xs = [data(r, n, seed=3) for r in range(2)]
+    codecs = [get_codec("terngrad", seed=100 + r) for r in range(2)]
+    bounds = block_bounds(n, 2)
+    first = [codecs[r].encode(xs[r][slice(*bounds[r])]) for r in range(2)]    # op 0 of every rank
+    want = np.empty(n, np.float32)
+    for b in range(2):                              # block b: from rank b to its owner 1 - b
+        lo, hi = bounds[b]
+        part = np.add(xs[1 - b][lo:hi], codecs[b].decode(first[b], hi - lo))
+        want[lo:hi] = codecs[1 - b].decode(codecs[1 - b].encode(part), hi - lo)
+    for r in range(2):
+        assert np.array_equal(res[r][0].view(np.uint32), want.view(np.uint32))
+        assert res[r][1] == codecs[r]._draw
+
+
 def _bad_args(g, rank):
     errors = []
     x = data(rank, 10)

@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "ring_engine.h"
+#include "terngrad_codec.h"
 #include "thc_codec.h"
 
 #define MAXR 5
@@ -71,11 +72,10 @@ static int join_ranks(struct rank *k, pthread_t *t, int N, const char *what)
 /* One ring of N ranks over socket pairs; out[r] (n floats each) gets rank r's result, res[r] its
  * residual when feedback. Returns the first nonzero status. */
 static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, int feedback, float **out, float **res,
-                const struct re_codec *other)
+                struct re_codec *const *others)
 {
     struct re_codec inc;
     re_codec_inceptionn(&inc, -10);
-    const struct re_codec *codec = other ? other : &inc;
     int fds[MAXR][2];
     struct rank k[MAXR];
     pthread_t t[MAXR];
@@ -85,7 +85,8 @@ static int ring(int N, size_t n, size_t chunk, const struct re_transport *tp, in
     for (int r = 0; r < N; r++) {
         /* pair r: rank r sends on [0], rank r + 1 receives on [1]; feedback: compensated by 0 */
         k[r] = (struct rank){.ring = {.rank = r, .size = N, .send_fd = fds[r][0], .recv_fd = fds[(r + N - 1) % N][1],
-                                      .timeout_ms = 20000, .chunk = chunk, .tp = tp, .codec = codec},
+                                      .timeout_ms = 20000, .chunk = chunk, .tp = tp,
+                                      .codec = others ? others[r] : &inc},
                              .x = out[r], .res = feedback ? res[r] : NULL, .n = n};
         for (size_t i = 0; i < n; i++)
             out[r][i] = value(r, i, 7);
@@ -378,39 +379,57 @@ static void thc_hostile_peers(void)
     CHECK(thc_hostile(idx, sizeof idx, 0xFFFFFF) == RE_E_DATA, "thc: a frame longer than a block accepted");
 }
 
-/* 3LC (collective/ring_codecs.c) in the codec transport: decoded, added, re-encoded per hop, one
- * chunk per block as Group runs it; ranks bit-identical, error feedback's residuals add up; a
- * corrupt stream fails the call. */
-static void tlc_rings(void)
+/* 3LC and TernGrad (collective/ring_codecs.c) in the codec transport: decoded, added, re-encoded
+ * per hop, one chunk per block as Group runs it; ranks bit-identical, error feedback's residuals
+ * add up; a corrupt stream fails the call. Each rank its own codec state (TernGrad's encodes move
+ * its random stream on). */
+static void reencoding_rings(const char *what, struct re_codec *codec)
 {
-    struct re_tlc st = {.sparsity = 1.0f, .zre = 1};
-    struct re_codec codec;
-    re_codec_threelc(&codec, &st);
+    struct re_codec *each[MAXR];
     static const size_t lens[] = {1, 7, 1001, 5000};
     for (int N = 2; N <= MAXR; N++)
         for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
             size_t n = lens[li];
+            for (int r = 0; r < N; r++)
+                each[r] = &codec[r];
             float **out = alloc(N, n), **res = alloc(N, n);
-            CHECK(ring(N, n, n, &re_transport_codec, 1, out, res, &codec) == 0, "3lc N=%d n=%zu", N, n);
+            CHECK(ring(N, n, n, &re_transport_codec, 1, out, res, each) == 0, "%s N=%d n=%zu", what, N, n);
             int same = 1, ef = 1;
             for (int r = 0; r < N; r++)
                 same &= !memcmp(out[r], out[0], n * 4);
             for (size_t i = 0; i < n; i++) {
-                double s = 0, a = 0, held = out[0][i];
-                for (int r = 0; r < N; r++)
-                    s += value(r, i, 7), a += fabs(value(r, i, 7)), held += res[r][i];
+                double s = 0, a = fabs(out[0][i]), held = out[0][i];
+                for (int r = 0; r < N; r++)      /* a: the magnitudes summed, for the rounding */
+                    s += value(r, i, 7), a += fabs(value(r, i, 7)) + fabs(res[r][i]), held += res[r][i];
                 ef &= fabs(held - s) <= 1e-5 * a + 1e-12;
             }
-            CHECK(same, "3lc ranks differ, N=%d n=%zu", N, n);
-            CHECK(ef, "3lc: result + residuals is not the input sum, N=%d n=%zu", N, n);
+            CHECK(same, "%s ranks differ, N=%d n=%zu", what, N, n);
+            CHECK(ef, "%s: result + residuals is not the input sum, N=%d n=%zu", what, N, n);
             release(out, N), release(res, N);
         }
     uint8_t junk[4 + 40] = {40, 0, 0, 0};
     for (int i = 4; i < 44; i++)
         junk[i] = (uint8_t)(0x5A ^ i);
-    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000, &codec) == RE_E_DATA, "3lc: corrupt stream accepted");
-    uint8_t cut[4 + 11] = {11, 0, 0, 0};                       /* shorter than 3LC's 12-byte header */
-    CHECK(hostile(&re_transport_codec, cut, sizeof cut, 0, 5000, &codec) == RE_E_DATA, "3lc: cut header accepted");
+    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000, &codec[0]) == RE_E_DATA, "%s: corrupt stream accepted",
+          what);
+    uint8_t cut[4 + 11] = {11, 0, 0, 0};                       /* shorter than a 12-byte header */
+    CHECK(hostile(&re_transport_codec, cut, sizeof cut, 0, 5000, &codec[0]) == RE_E_DATA, "%s: cut header accepted", what);
+}
+
+static void other_codecs(void)
+{
+    struct re_tlc tlc = {.sparsity = 1.0f, .zre = 1};
+    struct re_tg tg[MAXR];
+    struct re_codec codec[MAXR];
+    for (int r = 0; r < MAXR; r++)
+        re_codec_threelc(&codec[r], &tlc);
+    reencoding_rings("3lc", codec);
+    for (int r = 0; r < MAXR; r++) {
+        tg[r] = (struct re_tg){.clip = 2.5, .shared = -1.0f, .packing = TG_PACK_2BIT, .seed = 100u + (unsigned)r};
+        re_codec_terngrad(&codec[r], &tg[r]);
+    }
+    reencoding_rings("terngrad", codec);
+    CHECK(tg[0].draw > 0, "terngrad: the random stream did not move on");
 }
 
 static void arguments(void)
@@ -442,7 +461,7 @@ int main(void)
     hostile_peers();
     thc_rings();
     thc_hostile_peers();
-    tlc_rings();
+    other_codecs();
     printf("ring_engine: %d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
