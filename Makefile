@@ -79,9 +79,9 @@ build/stress_nicd_flows_san: daemon/tests/stress_nicd_flows.c daemon/nicd_flows.
 	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim $(SANITIZE) $< daemon/nicd_flows.c -lpthread -o $@
 
 # The ring engine (collective/ring_engine.c) over socket pairs, with hostile left neighbours.
-build/test_ring_engine_san: tests/shim_progs/ring_engine_asan.c collective/ring_engine.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
+build/test_ring_engine_san: tests/shim_progs/ring_engine_asan.c collective/ring_engine.c collective/ring_codecs.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	$(CC) $(CFLAGS_CHECK) -Icollective -Icodecs_c/tests $(SANITIZE) -pthread $< collective/ring_engine.c $(CODEC_SRC) -lm -o $@
+	$(CC) $(CFLAGS_CHECK) -Icollective -Icodecs_c/tests $(SANITIZE) -pthread $< collective/ring_engine.c collective/ring_codecs.c $(CODEC_SRC) -lm -o $@
 
 check-c: $(CODEC_UNIT_TESTS) $(NICD_STRESS) build/test_ring_engine_san
 	for t in $(CODEC_UNIT_TESTS) build/test_ring_engine_san; do ./$$t || exit 1; done

@@ -100,7 +100,7 @@ class Codec(ABC):
     def reconstruct(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``roundtrip(x)`` with +0.0 for every zero (into ``out`` if given; it may be ``x``).
         For a deterministic per-value codec this is idempotent, which is what lets the ring put
-        values on a tagged socket that arrive the same compressed or not (collective/ring.py).
+        values on a tagged socket that arrive the same compressed or not (docs/collectives.md).
         Codecs with a faster path override it."""
         y = self.roundtrip(x)
         y += np.float32(0.0)          # -0.0 + 0.0 = +0.0; every other value unchanged

@@ -135,6 +135,15 @@ class THCCodec(Codec):
         round_no = _int_param("round_no", round_no, 0, _U64 - 2)
         self._agreed = (float(shared), round_no)
 
+    def round_parameters(self) -> tuple[float, int, int]:
+        """This round's (agreed norm l, rotation seed, a fresh noise seed of this worker) for an
+        engine that encodes in C (collective/ring_codecs.c): the values ``encode`` would use,
+        after ``agree``."""
+        if self._agreed is None:
+            raise RuntimeError("THC in a collective needs agree() first (the max norm and the round)")
+        norm, round_no = self._agreed
+        return norm, round_seed(self.seed, round_no), int(self._noise.integers(0, _U64, dtype=np.uint64))
+
     def range_for(self, norm: float, n: int) -> np.float32:
         """``M = t_p * l / sqrt(d)`` as the float32 the header carries."""
         return np.float32(self.t_p * norm / np.sqrt(float(ref.padded_dim(n))))

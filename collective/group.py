@@ -16,7 +16,7 @@ The whole API, its options and guarantees: docs/collectives.md. In short:
   proves the group's secret (transport.py); pass ``secret=`` with a store others can read. ``codec`` is what the
   soft NICs run (must match the daemons' ``error_bound``).
 - Every rank calls the same collectives in the same order; a mismatch raises RuntimeError on
-  every rank. ``allreduce`` is the ring (ring.py), ``wa_step`` the worker-aggregator baseline
+  every rank. ``allreduce`` is the ring (the C ring engine, engine.py), ``wa_step`` the worker-aggregator baseline
   (wa.py); both go through the steps of pipeline.py. ``compress="nic"`` puts the gradient on
   sockets tagged for the soft NIC, ``"app"`` runs any codec inside the collective, ``None`` sends
   plain float32. The result is bit-identical on every rank.
@@ -45,7 +45,6 @@ from ..shim.tagging import GRADIENT_TOS
 from .control import (MODE_CODE, OP_ALLREDUCE, OP_BARRIER, OP_REDUCE, OP_VERIFY, OP_WA, REDUCE_OPS,
                       ControlPlane, codec_id, wire_format)
 from . import engine
-from .ring import ring_allreduce
 from .pipeline import Pipeline
 from .stats import CallStats, GroupStats
 from .transport import Conn, Endpoint, Kind, PlaneCounters, connect
@@ -350,11 +349,8 @@ class Group:
                 args = dict(rank=self.rank, world=self.world, send=send, recv=recv,
                             chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
                             timers=p.timers, scaled=scale_on)
-                with p.call.timing("exchange_seconds"):
-                    if engine.supports(mode, cod, scale_on):     # the C ring engine
-                        engine.ring_allreduce(work, timeout=self.timeout, **args)
-                    else:                                        # the other codecs: ring.py
-                        ring_allreduce(work, **args)
+                with p.call.timing("exchange_seconds"):     # the C ring engine
+                    engine.ring_allreduce(work, timeout=self.timeout, **args)
             p.remember(sink)
             if average:
                 np.divide(work, np.float32(self.world), out=work)

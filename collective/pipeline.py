@@ -1,4 +1,4 @@
-"""The steps of one ``allreduce`` or ``wa_step`` around its engine (ring.py, wa.py), in the
+"""The steps of one ``allreduce`` or ``wa_step`` around its engine (engine.py, wa.py), in the
 order a call takes them:
 
 1. compensate: the gradient plus what this rank's receivers did not get last time (error

@@ -1,30 +1,23 @@
-"""The ring's per-chunk transforms in Python (``Wire``), the simulator over them
-(``simulate_ring``, bench scale) and the Python ring for the codecs the C ring engine does not
-run yet.
+"""The ring's per-chunk transforms in Python (``Wire``, for WA) and the simulator over them
+(``simulate_ring``, bench scale).
 
 The ring itself, its schedule, transports and wire, is described once in docs/collectives.md
-("The ring", "The ring engine", "Wire format v2"). ``Group.allreduce`` runs it on the C engine
-(collective/engine.py) for raw floats and the INCEPTIONN codec; ``ring_allreduce`` below runs
-the same schedule in two threads for ``app`` mode with the other codecs (and INCEPTIONN's app
-mode without scaling), which decode, add and re-encode per hop. WA (wa.py) and the simulator
-use ``Wire`` in every mode, so the simulator gives the bits of a real ring (tested).
+("The ring", "The ring engine", "Wire format v2") and implemented once, in C: the ring engine
+(collective/ring_engine.c), which ``Group.allreduce`` calls through collective/engine.py for
+every mode and codec and the MPI library calls directly. WA (wa.py) and the simulator use
+``Wire``, which computes the engine's bits chunk for chunk (decode, add, re-encode per hop), so the
+simulator gives the bits of a real ring (tested), except for THC, which both sum without decoding
+(the same algorithm, other rounding noise).
 
-Error feedback: ``sink.record(a, b, sent, decoded)`` is called for every chunk this rank puts on
-the wire in phase 1 (``decoded`` = what the receiver gets, ``Wire.send``'s second value) and for
-its owned block in phase 2 (R and what the payload decodes to). Over one call that covers every
-position of the vector exactly once, so the caller gets a full residual ``sent - decoded``.
+Error feedback: ``sink.record(a, b, sent, decoded)`` is called for every chunk a WA worker puts on
+the wire (``decoded`` = what the receiver gets, ``Wire.send``'s second value).
 """
 from __future__ import annotations
-
-import contextlib
-import threading
-import time
 
 import numpy as np
 
 from ..codecs.blockscale import BLOCK_VALUES, HEADROOM, BlockScale
-from .stats import Timers
-from .transport import Conn
+from ..codecs.thc import THCCodec
 
 MODES = ("raw", "nic", "app")
 
@@ -35,35 +28,6 @@ def block_bounds(n: int, world: int) -> list[tuple[int, int]]:
 
 def chunk_list(a: int, b: int, chunk: int) -> list[tuple[int, int]]:
     return [(i, min(i + chunk, b)) for i in range(a, b, chunk)]
-
-
-class _Progress:
-    def __init__(self):
-        self.cond = threading.Condition()
-        self.done = 0
-        self.error: BaseException | None = None
-
-    def mark(self) -> None:
-        with self.cond:
-            self.done += 1
-            self.cond.notify_all()
-
-    def fail(self, exc: BaseException) -> None:
-        with self.cond:
-            if self.error is None:
-                self.error = exc
-            self.cond.notify_all()
-
-    def wait_for(self, count: int) -> None:
-        with self.cond:
-            while self.done < count and self.error is None:
-                self.cond.wait()
-            if self.error is not None:
-                raise _Aborted()
-
-
-class _Aborted(Exception):
-    pass
 
 
 def scaling_bound(codec) -> int:
@@ -164,92 +128,10 @@ def receive(wire: Wire, payload, out: np.ndarray) -> None:
         raise WireError(f"a received chunk does not belong to this call: {e}") from None
 
 
-def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv: Conn, chunk_values: int,
-                   mode: str, codec=None, sink=None, timers: Timers | None = None,
-                   frame_limit: int | None = None, scaled: bool = False) -> None:
-    """Sum ``work`` (float32, 1-D, contiguous) over the ring in place, in ``app`` mode, for the
-    codecs the ring engine does not run yet (collective/engine.py ``supports``; the engine runs
-    raw, nic and INCEPTIONN's app mode). The same schedule as the engine, in two threads."""
-    assert mode == "app" and world >= 2
-    timers = timers or Timers()
-    wire = Wire(mode, codec, scaled=scaled, need_decoded=sink is not None)
-    n = work.size
-    bounds = block_bounds(n, world)
-    steps = 2 * world - 2
-    sends = [(s, a, b) for s in range(steps) for a, b in chunk_list(*bounds[(rank - s) % world], chunk_values)]
-    recvs = [(s, a, b) for s in range(steps) for a, b in chunk_list(*bounds[(rank - s - 1) % world], chunk_values)]
-    first = len(chunk_list(*bounds[rank % world], chunk_values))   # chunks sent at step 0
-    keep: dict[int, object] = {}                                     # recv item -> payload to forward
-    lock = contextlib.nullcontext() if codec.thread_safe else threading.Lock()
-    cmax = min(chunk_values, max(n, 1))
-    limit = frame_limit or (8 * 4 * wire.wire_floats(cmax) + 65536)
-    prog = _Progress()
-
-    def timed(what, fn, *args):
-        t = time.perf_counter()
-        with lock if what == "codec" else contextlib.nullcontext():
-            r = fn(*args)
-        timers.add(what, time.perf_counter() - t)
-        return r
-
-    def sender():
-        try:
-            for j, (s, a, b) in enumerate(sends):
-                if j >= first:
-                    prog.wait_for(j - first + 1)
-                chunk = work[a:b]
-                if s <= world - 2:                       # phase 1: this rank's partial sum
-                    payload, dec = timed("codec", wire.send, chunk)
-                    if sink is not None:
-                        sink.record(a, b, chunk, dec)
-                    send.send_frame(payload)
-                else:                                    # phase 2: reduced values, forwarded as they came
-                    send.send_frame(keep.pop(j - first))
-        except _Aborted:
-            return
-        except BaseException as e:  # noqa: BLE001 - handed to the calling thread
-            prog.fail(e)
-            recv.close()  # wake the receiving side if it waits on a peer
-
-    t = threading.Thread(target=sender, name=f"inceptionn-ring-send-{rank}", daemon=True)
-    t.start()
-    tmp = np.empty(cmax, dtype=np.float32)
-    try:
-        for i, (s, a, b) in enumerate(recvs):
-            if prog.error is not None:
-                break
-            dst = work[a:b]
-            if s <= world - 2:                           # phase 1: receive and add
-                part = tmp[: b - a]
-                payload = recv.recv_frame(limit)
-                timed("codec", receive, wire, payload, part)
-                timed("sum", np.add, dst, part, dst)
-                if s == world - 2:                       # the block this rank owns is complete
-                    before = dst.copy() if sink is not None else None
-                    payload = timed("codec", wire.own, dst)
-                    if sink is not None:
-                        sink.record(a, b, before, dst)
-                    keep[i] = payload
-            else:                                        # phase 2: the final values
-                payload = recv.recv_frame(limit)
-                timed("codec", receive, wire, payload, dst)
-                if s < steps - 1:
-                    keep[i] = payload
-            prog.mark()
-    except BaseException as e:
-        prog.fail(e)
-        send.close()  # wake the sending side if it blocks on a full socket
-        t.join()
-        raise prog.error from None   # the first failure, not what closing the sockets caused
-    t.join()
-    if prog.error is not None:
-        raise prog.error
-
-
 def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, codec=None,
                   scaled: bool = False, block: int = BLOCK_VALUES, headroom: int = HEADROOM, count=None,
-                  progress=None) -> np.ndarray:
-    """What ``ring_allreduce`` on ``world`` ranks leaves on every rank, computed in one process
+                  progress=None, sum_encoded: bool | None = None) -> np.ndarray:
+    """What the ring engine on ``world`` ranks leaves on every rank, computed in one process
     (bench/scale.py): the same blocks, chunks and Wire transforms in the same order, without
     sockets, so the bits are those of the real ring (tests/test_collective.py holds them
     together). ``values(r, a, b)`` returns rank r's float32 values [a, b) (not modified).
@@ -259,8 +141,16 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
     last one owns it (``Wire.own``), and phase 2 gives every rank what the owner's payload
     decodes to, which is what the owner keeps. ``count(payload, m, times)``, if given, sees every
     payload: phase 1's once each, the owner's with times = world - 1 (it crosses that many links).
-    ``progress(done, world)`` is called after each ring block."""
+    ``progress(done, world)`` is called after each ring block.
+
+    THC in app mode (``sum_encoded`` None or True) is summed without decoding, as the engine does
+    (docs/collectives.md, "The ring engine"): every rank's values encoded once, the streams added
+    in the encoded domain, the owner's sum decoded; the same algorithm and wire sizes as the
+    engine, not its bits (other rounding noise). ``sum_encoded=False`` runs THC like the other
+    codecs (decode, add, re-encode per hop), the ring before the engine ran THC."""
     assert mode in MODES and world >= 2
+    if mode == "app" and isinstance(codec, THCCodec) and sum_encoded is not False:
+        return _simulate_summed(n, world, values, chunk_values, codec, count, progress)
     wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block, headroom=headroom)
     out = np.empty(n, dtype=np.float32)
     for b, (lo, hi) in enumerate(block_bounds(n, world)):
@@ -280,6 +170,25 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
             if count is not None:
                 count(payload, e - a, world - 1)
             out[a:e] = acc
+        if progress is not None:
+            progress(b + 1, world)
+    return out
+
+
+def _simulate_summed(n, world, values, chunk_values, codec, count, progress) -> np.ndarray:
+    """simulate_ring for a codec that sums encoded streams (THC)."""
+    out = np.empty(n, dtype=np.float32)
+    for b, (lo, hi) in enumerate(block_bounds(n, world)):
+        for a, e in chunk_list(lo, hi, chunk_values):
+            acc = codec.encode(np.array(values(b, a, e), dtype=np.float32))
+            for j in range(1, world):
+                if count is not None:
+                    count(acc, e - a, 1)
+                acc = codec.sum_encoded([acc, codec.encode(np.array(values((b + j) % world, a, e), dtype=np.float32))],
+                                        e - a)
+            if count is not None:
+                count(acc, e - a, world - 1)
+            out[a:e] = codec.decode_sum(acc, e - a, reduce="sum")
         if progress is not None:
             progress(b + 1, world)
     return out

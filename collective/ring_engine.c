@@ -129,6 +129,12 @@ static int fail(struct call *c, int status, const char *fmt, ...)
 
 static int scaled(const struct re_ring *r) { return !r->tp->exact && r->codec->scaled; }
 
+/* the codec transport without scaling: a payload is the codec's stream of the values themselves */
+static int direct(const struct re_ring *r) { return r->tp->framed && !r->codec->scaled; }
+
+/* ... and the codec adds streams: phase 1 sums without decoding (docs/collectives.md) */
+static int homomorphic(const struct re_ring *r) { return direct(r) && r->codec->sum_encoded; }
+
 static size_t wire_len(const struct re_ring *r, size_t m)
 {
     return scaled(r) ? bs_wire_values(m, BS_BLOCK_VALUES) : m;
@@ -172,16 +178,23 @@ static int encode_payload_(struct call *c, const float *x, size_t m, float *dec,
                           size_t *len)
 {
     const struct re_transport *tp = c->r->tp;
+    int st;
+    if (direct(c->r)) {             /* no wire floats: the codec encodes the values, dec gets its decode */
+        if ((st = tp->pack(c->r->codec, x, m, buf, len)))
+            return fail(c, RE_E_CODEC, "%s", c->r->codec->strerror(st));
+        if (dec && (st = tp->unpack(c->r->codec, buf, *len, dec, m)))
+            return fail(c, RE_E_CODEC, "this rank's own stream does not decode: %s", c->r->codec->strerror(st));
+        return RE_OK;
+    }
     float *w = tp->pack ? wbuf : (float *)(void *)buf;
-    int st = to_wire(c, x, m, w, dec);
+    st = to_wire(c, x, m, w, dec);
     if (st)
         return st;
     if (!tp->pack) {
         *len = wire_len(c->r, m) * sizeof(float);
         return RE_OK;
     }
-    st = tp->pack(c->r->codec, w, wire_len(c->r, m), buf, len);
-    if (st)
+    if ((st = tp->pack(c->r->codec, w, wire_len(c->r, m), buf, len)))
         return fail(c, RE_E_CODEC, "%s", c->r->codec->strerror(st));
     return RE_OK;
 }
@@ -255,6 +268,7 @@ static int ring_program(struct op *ops, int rank, int N)
 struct item {
     enum prim prim;
     size_t a, b;
+    int contrib;        /* ranks whose values the received payload sums (op j < N: j; then N) */
 };
 
 /* The ops' chunks: sends (every op but RECV) and receives (every op but SEND), in order, so send
@@ -266,7 +280,7 @@ static void list_items(const struct op *ops, int nops, size_t n, int N, size_t c
     for (int i = 0; i < nops; i++) {
         size_t lo = (size_t)ops[i].block * n / (size_t)N, hi = (size_t)(ops[i].block + 1) * n / (size_t)N;
         for (size_t a = lo; a < hi; a += chunk) {
-            struct item it = {ops[i].prim, a, a + chunk < hi ? a + chunk : hi};
+            struct item it = {ops[i].prim, a, a + chunk < hi ? a + chunk : hi, i < N ? i : N};
             if (it.prim != RECV)
                 sends[(*ns)++] = it;
             if (it.prim != SEND)
@@ -286,7 +300,7 @@ struct bufs {
     struct op *ops;
     struct item *sends, *recvs;
     float *tmp, *wbuf;
-    uint8_t *sbuf, *rbuf;
+    uint8_t *sbuf, *rbuf, *obuf;
     struct payload *keep;
     size_t nkeep;
 };
@@ -298,6 +312,7 @@ static void free_bufs(struct bufs *B)
             free(B->keep[i].buf);
     free(B->keep);
     free(B->rbuf);
+    free(B->obuf);
     free(B->sbuf);
     free(B->wbuf);
     free(B->tmp);
@@ -323,6 +338,50 @@ static int keep_copy(struct call *c, struct payload *p, const void *src, size_t 
     return RE_OK;
 }
 
+/* A received item in the homomorphic ring (homomorphic()): the payload is a stream summing
+ * it.contrib ranks' values. Phase 1 encodes this rank's values and adds the two streams without
+ * decoding; the owner then decodes the sum once; phase 2 decodes and forwards the same bytes. */
+static int on_received_encoded(struct call *c, struct bufs *B, size_t ri, size_t len, float *x, float *lost)
+{
+    const struct re_codec *k = c->r->codec;
+    const struct item it = B->recvs[ri];
+    const size_t m = it.b - it.a, cap = c->r->tp->payload_cap(k, m);
+    float *xa = x + it.a;
+    uint32_t count = 0;
+    int st = k->count_encoded(k, B->rbuf + 4, len - 4, m, &count);
+    if (st)
+        return fail(c, RE_E_DATA, "bad codec stream from the left neighbour: %s", k->strerror(st));
+    if (count != (uint32_t)it.contrib)
+        return fail(c, RE_E_DATA, "a stream from the left neighbour sums %u ranks' values where %d are due", count,
+                    it.contrib);
+    if (it.prim == RECV_COPY_SEND || it.prim == RECV) {
+        if ((st = decode_payload(c, B->rbuf, len, m, B->wbuf, xa)))
+            return st;
+        return it.prim == RECV ? RE_OK : keep_copy(c, &B->keep[ri], B->rbuf, len);
+    }
+    if (it.prim != RECV_REDUCE_SEND && it.prim != RECV_REDUCE_COPY_SEND)
+        return fail(c, RE_E_ARG, "a send item in the receive list");
+    size_t olen;      /* this rank's own stream, framed; lost gets its decode, then sent - decoded */
+    if ((st = encode_payload(c, xa, m, lost ? lost + it.a : NULL, B->wbuf, B->obuf, &olen)))
+        return st;
+    if (lost)
+        record_lost(lost + it.a, xa, lost + it.a, m);
+    struct payload *p = &B->keep[ri];
+    if (!(p->buf = malloc(cap)))
+        return fail(c, RE_E_NOMEM, "out of memory");
+    double t0 = now();
+    ptrdiff_t got = k->sum_encoded(k, B->rbuf + 4, len - 4, B->obuf + 4, olen - 4, m, p->buf + 4, cap - 4);
+    c->st.sum_seconds += now() - t0;
+    if (got < 0)
+        return fail(c, RE_E_DATA, "the partial sum from the left neighbour does not add: %s", k->strerror((int)got));
+    uint32_t l = (uint32_t)got;
+    p->buf[0] = l & 0xff, p->buf[1] = (l >> 8) & 0xff, p->buf[2] = (l >> 16) & 0xff, p->buf[3] = l >> 24;
+    p->len = 4 + (size_t)got;
+    if (it.prim == RECV_REDUCE_COPY_SEND)     /* the owner: every rank decodes the same bytes */
+        return decode_payload(c, p->buf, p->len, m, B->wbuf, xa);
+    return RE_OK;
+}
+
 /* A received item is complete in rbuf[0..len): what its primitive does with it. */
 static int on_received(struct call *c, struct bufs *B, size_t ri, size_t len, float *x, float *lost)
 {
@@ -330,6 +389,8 @@ static int on_received(struct call *c, struct bufs *B, size_t ri, size_t len, fl
     const size_t m = it.b - it.a;
     float *xa = x + it.a;
     int st;
+    if (homomorphic(c->r))
+        return on_received_encoded(c, B, ri, len, x, lost);
     switch (it.prim) {
     case RECV_REDUCE_SEND:
     case RECV_REDUCE_COPY_SEND:
@@ -380,7 +441,8 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
     B->wbuf = malloc(wmax * sizeof(float));     /* wire floats being built or decoded */
     B->sbuf = malloc(pmax);                     /* the outgoing payload of a SEND or RECV_REDUCE_SEND */
     B->rbuf = malloc(pmax);                     /* the incoming payload */
-    if (!B->sends || !B->recvs || !B->tmp || !B->wbuf || !B->sbuf || !B->rbuf)
+    B->obuf = homomorphic(r) ? malloc(pmax) : NULL;     /* this rank's own stream, to add */
+    if (!B->sends || !B->recvs || !B->tmp || !B->wbuf || !B->sbuf || !B->rbuf || (homomorphic(r) && !B->obuf))
         return fail(c, RE_E_NOMEM, "out of memory");
     list_items(B->ops, nops, n, N, chunk, B->sends, &ns, B->recvs, &nr);
     B->keep = calloc(nr ? nr : 1, sizeof *B->keep);
@@ -399,7 +461,7 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
         /* start the next send when its data is there: item j >= first forwards receive item j - first */
         if (si < ns && !sready && (si < first || ri > si - first)) {
             struct item it = B->sends[si];
-            if (it.prim == SEND || it.prim == RECV_REDUCE_SEND) {
+            if (it.prim == SEND || (it.prim == RECV_REDUCE_SEND && !homomorphic(r))) {
                 size_t m = it.b - it.a;
                 /* the decode of what goes out lands in lost, then becomes sent - decoded */
                 if ((st = encode_payload(c, x + it.a, m, lost ? lost + it.a : NULL, B->wbuf, B->sbuf, &sleft)))
@@ -433,7 +495,7 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
                 sp += w;
                 sleft -= (size_t)w;
                 if (!sleft) {
-                    if (B->sends[si].prim == RECV_REDUCE_COPY_SEND || B->sends[si].prim == RECV_COPY_SEND) {
+                    if (B->sends[si].prim != SEND && (B->sends[si].prim != RECV_REDUCE_SEND || homomorphic(r))) {
                         free(B->keep[si - first].buf);
                         B->keep[si - first].buf = NULL;
                     }
@@ -493,8 +555,10 @@ int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struc
     if (stats)
         *stats = (struct re_stats){0};
     if (!r || r->size < 1 || r->rank < 0 || r->rank >= r->size || r->chunk < 1 || !r->tp ||
-        (!r->tp->exact && (!r->codec || !r->codec->reconstruct || !r->codec->strerror ||
-                           (r->tp->pack && (!r->codec->encode || !r->codec->decode || !r->codec->max_encoded_size)))) ||
+        (!r->tp->exact && (!r->codec || !r->codec->strerror ||
+                           (!r->tp->pack && !r->codec->scaled && !r->codec->reconstruct) ||
+                           (r->tp->pack && (!r->codec->encode || !r->codec->decode || !r->codec->max_encoded_size)) ||
+                           (r->codec->sum_encoded && !r->codec->count_encoded))) ||
         (lost && r->tp->exact) || (n && !x))
         return fail(&c, RE_E_ARG, "bad arguments (ranks, chunk, transport, codec, or error feedback with exact "
                     "floats)");

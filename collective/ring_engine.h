@@ -35,9 +35,14 @@ enum re_status {
  * A codec behind one interface. The engine calls encode/decode in the codec transport, and
  * reconstruct (= decode(encode(x)) + 0.0, fixed points of the codec) to build a tagged wire without
  * scaling. scaled: the codec's wire is wire format v2 (codecs_c/blockscale_codec.h at
- * error_bound), built from INCEPTIONN's reconstruction; only that codec has the trait.
- * sum_encoded (may be NULL): the sum of two encoded streams without decoding, for codecs that can
- * (THC); not called by the schedule yet (docs/collectives.md).
+ * error_bound), built from INCEPTIONN's reconstruction; only that codec has the trait. Unscaled in
+ * the codec transport, a chunk's payload is the codec's stream of its values themselves.
+ * sum_encoded (may be NULL): the codec adds in the encoded domain (THC). The codec transport then
+ * sums without decoding: a hop encodes its own values and adds that stream to the received
+ * partial sum (a: received, b: this rank's own), the owner decodes once and the sum's stream
+ * travels on; decode gives the SUM of a stream's contributions, and count_encoded checks a received
+ * stream (for n values, this call's parameters) and says how many contributions it sums.
+ * docs/collectives.md, "The ring engine".
  */
 struct re_codec {
     const char *name;
@@ -50,11 +55,50 @@ struct re_codec {
     void (*reconstruct)(const struct re_codec *c, const float *x, size_t n, float *out);
     ptrdiff_t (*sum_encoded)(const struct re_codec *c, const uint8_t *a, size_t alen, const uint8_t *b,
                              size_t blen, size_t n, uint8_t *out, size_t cap);
+    int (*count_encoded)(const struct re_codec *c, const uint8_t *in, size_t len, size_t n, uint32_t *count);
     const char *(*strerror)(int status);
 };
 
 /* The INCEPTIONN codec at error bound k (INC_MIN_ERROR_BOUND..INC_MAX_ERROR_BOUND), scaled. */
 void re_codec_inceptionn(struct re_codec *c, int k);
+
+/*
+ * THC (codecs_c/thc_codec.h) for one call, summed in the encoded domain (collective/ring_codecs.c).
+ * Every rank holds the same bits, granularity, table, t_p, agreed norm and rotation seed; a
+ * block of n values is quantized on the range M = t_p * norm / sqrt(d), d its padded length
+ * (thc.py range_for). noise_seed is this rank's own: encode k of the call rounds with
+ * thc_random_word(noise_seed, k) (encodes counts them). ranks: the most contributions a stream
+ * sums (sizes the frames).
+ */
+struct re_thc {
+    int bits, granularity, ranks;
+    uint8_t table[256];
+    double t_p, norm;
+    uint64_t rot_seed, noise_seed, encodes;
+};
+
+void re_codec_thc(struct re_codec *c, struct re_thc *s);
+
+/* 3LC (codecs_c/threelc_codec.h) with sparsity multiplier s and zero-run encoding on or off
+ * (collective/ring_codecs.c): stateless, the same stream as threelc.py's C path. */
+struct re_tlc {
+    float sparsity;
+    int zre;
+};
+
+void re_codec_threelc(struct re_codec *c, struct re_tlc *s);
+
+/* TernGrad (codecs_c/terngrad_codec.h): clip, the agreed scaler (negative: none), packing, and the
+ * random stream's seed and position, which every encode advances by tg_draws(n) (the caller reads
+ * draw back after the call; collective/ring_codecs.c). */
+struct re_tg {
+    double clip;
+    float shared;
+    int packing;
+    uint64_t seed, draw;
+};
+
+void re_codec_terngrad(struct re_codec *c, struct re_tg *s);
 
 /*
  * How a chunk travels (a table of operations; the caller tags the sockets to match):

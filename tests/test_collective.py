@@ -614,6 +614,155 @@ def test_ranks_holding_different_thc_tables_raise_at_the_first_call():
         assert not ok and "RuntimeError: collective mismatch" in msg and "codec=" in msg, msg
 
 
+def _thc_ring(g, rank, n):
+    r = g.allreduce(data(rank, n), compress="app", codec=get_codec("thc", noise_seed=rank))
+    return r, g.stats.last.bytes_sent["data"], g.error_feedback.residual(("allreduce", n)).copy()
+
+
+@pytest.mark.parametrize("world", [4, 9])
+def test_thc_runs_in_the_engine_summed_without_decoding(world):
+    """THC through Group.allreduce runs in the C ring engine: every rank holds the same bits; a
+    rank sends its own 4-bit indices once, then sums of table values in the narrowest width that
+    holds them (8 bits up to 8 ranks at g = 30, then 16) and the owner's sum forwarded as it is;
+    its error is no worse than that of the ring that decodes, adds and re-encodes per hop (ring.py's
+    until now, its arithmetic in ring.simulate_ring with sum_encoded=False) on the same inputs, the
+    simulator's summed ring within 10% of it; and the result plus every
+    rank's residual is the inputs' sum (error feedback keeps x - what its own indices decode to)."""
+    from inceptionn.codecs import thc_reference as ref
+    from inceptionn.collective.ring import simulate_ring
+    n = 100_000
+    res = run_ranks(world, _thc_ring, n, timeout=240)
+    xs = [data(r, n) for r in range(world)]
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    got = [r[0] for r in res]
+    assert same_bits(got)
+    codec = get_codec("thc", noise_seed=99)
+    codec.agree(max(codec.local_stat(x) for x in xs), 1)
+    sims = {kind: simulate_ring(n, world, lambda r, a, b: xs[r][a:b], chunk_values=n, mode="app", codec=codec,
+                                sum_encoded=kind == "summed") for kind in ("hops", "summed")}
+    nmse = {name: float((v - exact) @ (v - exact) / (exact @ exact))
+            for name, v in (("engine", got[0]), *sims.items())}
+    assert nmse["engine"] <= nmse["hops"] and nmse["engine"] < 0.012 * world, nmse
+    assert abs(nmse["summed"] / nmse["engine"] - 1) < 0.1, nmse    # the simulator: the same algorithm
+    held = got[0].astype(np.float64) + np.sum([r[2] for r in res], axis=0)
+    assert float((held - exact) @ (held - exact)) <= 1e-9 * float(exact @ exact)
+    bounds = block_bounds(n, world)
+
+    def blob(b, width):
+        return 4 + ref.blob_size(bounds[b][1] - bounds[b][0], 4, width)
+    for rank, r in enumerate(res):
+        own = [(rank - j) % world for j in range(2 * world - 2)]        # block sent at step j
+        width = [8 if (j + 1) * 30 <= 255 else 16 for j in range(world)]
+        want = blob(own[0], 4) + sum(blob(own[j], width[j]) for j in range(1, world - 1)) \
+            + sum(blob(own[j], width[world - 1]) for j in range(world - 1, 2 * world - 2))
+        assert r[1] == want, (rank, r[1], want)
+
+
+APP_CODECS = {"3lc": {}, "fft": {}, "inceptionn": {"error_bound": -10}, "terngrad": {}}
+
+
+def _app_in_engine(g, rank, n):
+    return [g.allreduce(data(rank, n, seed=1), compress="app", codec=get_codec(name, **kw), scaling=False,
+                        error_feedback=False) for name, kw in APP_CODECS.items()]
+
+
+@pytest.mark.parametrize("world", [2, 5])
+def test_app_mode_codecs_run_in_the_engine_with_the_python_rings_bits(world):
+    """3LC, FFT and INCEPTIONN without scaling (deterministic) give in the ring engine the bits the
+    Python ring's transforms give (ring.simulate_ring: decode, add, re-encode per hop, the owner's
+    stream forwarded); TernGrad (stochastic rounding) the same bits on every rank and a sum."""
+    from inceptionn.collective.ring import simulate_ring
+    n = 30_011
+    res = run_ranks(world, _app_in_engine, n)
+    xs = [data(r, n, seed=1) for r in range(world)]
+    exact = np.sum(xs, axis=0)
+    for i, (name, kw) in enumerate(APP_CODECS.items()):
+        got = [r[i] for r in res]
+        assert same_bits(got), name
+        if name == "terngrad":
+            assert float(got[0] @ exact / np.linalg.norm(got[0]) / np.linalg.norm(exact)) > 0.2   # lossy per hop
+            continue
+        codec = get_codec(name, **kw)
+        sim = simulate_ring(n, world, lambda r, a, b: xs[r][a:b], mode="app", codec=codec,
+                            chunk_values=65536 if codec.per_value else n)
+        assert np.array_equal(sim.view(np.uint32), got[0].view(np.uint32)), name
+
+
+class FaultyAppCodec(GridCodec):
+    """A whole-block codec for the app path: float32 as they are, but rank 1's ``encode`` raises
+    (``fail="encode"``) or its stream is cut short so its right neighbour cannot decode it
+    (``fail="stream"``)."""
+
+    name = "faultytest"
+    per_value = False
+
+    def encode(self, x):
+        if self._fail == "encode":
+            raise ArithmeticError("faultytest: refused")
+        blob = super().encode(x)
+        return blob[:-4] if self._fail == "stream" else blob
+
+    def decode_into(self, blob, out):
+        if len(blob) != 4 * out.size:
+            raise ValueError(f"faultytest: {len(blob)} bytes for {out.size} values")
+        return super().decode_into(blob, out)
+
+
+def _faulty_run(g, rank, fail):
+    try:
+        return True, g.allreduce(data(rank, 3000), compress="app", codec=FaultyAppCodec(rank == 1 and fail))
+    except ArithmeticError as e:
+        return False, str(e)
+    except Exception as e:      # noqa: BLE001
+        return False, f"{type(e).__name__}: {e}"
+
+
+def test_app_mode_python_codec_failures_in_the_engine():
+    """compress="app" with a Python codec in the C engine (its encode/decode_into called back): a
+    sum like the exact one when it works; an exception in its encode reaches that rank's caller
+    and its neighbours fail instead of returning a sum; a stream its right neighbour cannot decode
+    (ValueError) fails that neighbour with WireError naming the codec's reason (the rank that
+    sent it fails too: as the owner it decodes its own stream, unless its neighbours' failure
+    reaches it first)."""
+    world = 3
+    res = run_ranks(world, _faulty_run, False)
+    exact = sum(data(r, 3000) for r in range(world))
+    assert all(ok for ok, _ in res) and same_bits([v for _, v in res])
+    assert np.allclose(res[0][1], exact, rtol=0, atol=1e-6)
+    res = run_ranks(world, _faulty_run, "encode")
+    assert res[1] == (False, "faultytest: refused"), res
+    assert all(not ok and msg.startswith("ConnectionError") for ok, msg in res[::2]), res
+    res = run_ranks(world, _faulty_run, "stream")
+    assert not res[1][0] and not res[2][0] and res[2][1].startswith("WireError") and "faultytest: 3996 bytes for 1000 values" in res[2][1], res
+
+
+def _terngrad_pair(g, rank, n):
+    c = get_codec("terngrad", seed=100 + rank)
+    out = g.allreduce(data(rank, n, seed=3), compress="app", codec=c, error_feedback=False)
+    return out, c._draw
+
+
+def test_terngrad_in_the_engine_gives_the_bits_of_its_python_codec():
+    """TernGrad runs its C codec inside the engine, each encode taking the next draws of the rank's
+    random stream as terngrad.py's encode does: on 2 ranks (each encodes its own block, then the
+    block it owns) the result is what the Python codecs compute in that order, and the codecs'
+    stream positions moved on by those two encodes."""
+    n = 20_001
+    res = run_ranks(2, _terngrad_pair, n)
+    xs = [data(r, n, seed=3) for r in range(2)]
+    codecs = [get_codec("terngrad", seed=100 + r) for r in range(2)]
+    bounds = block_bounds(n, 2)
+    first = [codecs[r].encode(xs[r][slice(*bounds[r])]) for r in range(2)]    # op 0 of every rank
+    want = np.empty(n, np.float32)
+    for b in range(2):                              # block b: from rank b to its owner 1 - b
+        lo, hi = bounds[b]
+        part = np.add(xs[1 - b][lo:hi], codecs[b].decode(first[b], hi - lo))
+        want[lo:hi] = codecs[1 - b].decode(codecs[1 - b].encode(part), hi - lo)
+    for r in range(2):
+        assert np.array_equal(res[r][0].view(np.uint32), want.view(np.uint32))
+        assert res[r][1] == codecs[r]._draw
+
+
 def _bad_args(g, rank):
     errors = []
     x = data(rank, 10)

@@ -118,7 +118,9 @@ def test_ring_engine_under_asan_beside_hostile_neighbours(tmp_path):
                     "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-pthread",
                     *(f"-I{p}" for p in (ROOT / "collective", codecs, codecs / "tests")),
                     str(PROGS / "ring_engine_asan.c"), str(ROOT / "collective" / "ring_engine.c"),
-                    *(str(codecs / f) for f in ("blockscale_codec.c", "inceptionn_codec.c", "inceptionn_codec_avx2.c")),
+                    str(ROOT / "collective" / "ring_codecs.c"),
+                    *(str(codecs / f) for f in ("blockscale_codec.c", "inceptionn_codec.c", "inceptionn_codec_avx2.c",
+                                                "thc_codec.c", "threelc_codec.c", "terngrad_codec.c")),
                     "-lm", "-o", str(exe)], check=True)
     r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
     print("\n" + r.stdout)
