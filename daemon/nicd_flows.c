@@ -15,7 +15,14 @@
  *   wrong, only raw, but must not be caused by a move), and after a few tries under the table
  *   lock, where nothing moves.
  * - Lock order: table lock, then slot locks in probe order. A reader holds one slot lock and
- *   takes no other lock while holding it. */
+ *   takes no other lock while holding it.
+ *
+ * Hellos are written and read under their own lock (`hello_lock`), but a lookup of a key that has
+ * no hello (a compressed packet of a flow this daemon does not know, which the data path asks
+ * about while any hello is in the table: nicd_queue's confirm_answered) takes no lock: each way
+ * also has a tag, published after the way is written and cleared when it is freed, and a lookup
+ * whose key's tag is in none of its set's ways is a miss (as if it came before a hello being
+ * put). */
 #define _GNU_SOURCE
 #include "nicd_flows.h"
 
@@ -63,6 +70,7 @@ struct oslot {
 };
 
 struct hslot {
+    uint64_t tag; /* atomic: 0 a free way, else tag_of(key); written under hello_lock */
     struct nicd_flow_key key;
     struct nicd_hello h; /* h.state NONE marks a free way */
     uint32_t born;       /* monotonic milliseconds, for eviction and expiry */
@@ -623,18 +631,42 @@ int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h)
                 evicted = 1;
             }
         }
-        s->key = *k;
+        s->key = *k; /* a lookup that reads the tag this way had takes the lock, so sees it whole */
         s->h = *h;
         s->born = now;
+        __atomic_store_n(&s->tag, tag_of(k), __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&hello_lock);
     return evicted;
+}
+
+/* Whether a way of k's set may hold k's hello: its tag (read without the lock; a miss is exact
+ * as of the read, a hit is checked under the lock). */
+static int hello_maybe(const struct nicd_flow_key *k)
+{
+    if (!hellos) /* set only at init and free, with no queue thread running */
+        return 0;
+    uint64_t t = tag_of(k);
+    const struct hslot *set = hellos + ((uint32_t)(t >> 32) & (hello_sets - 1)) * HELLO_WAYS;
+    for (int w = 0; w < HELLO_WAYS; w++)
+        if (__atomic_load_n(&set[w].tag, __ATOMIC_ACQUIRE) == t)
+            return 1;
+    return 0;
+}
+
+static void hello_free_way(struct hslot *s)
+{
+    s->h.state = NICD_HELLO_NONE;
+    __atomic_store_n(&s->tag, 0, __ATOMIC_RELEASE);
+    hello_used--;
 }
 
 int nicd_hello_get(const struct nicd_flow_key *k, struct nicd_hello *h)
 {
     int found = 0;
     memset(h, 0, sizeof *h);
+    if (!hello_maybe(k))
+        return 0;
     pthread_mutex_lock(&hello_lock);
     if (hellos) {
         struct hslot *s = hello_find(hello_set(k), k);
@@ -654,8 +686,7 @@ int nicd_hello_take(const struct nicd_flow_key *k, enum nicd_hello_state state, 
     if (hellos) {
         struct hslot *s = hello_find(hello_set(k), k);
         if (s && s->h.state == (uint8_t)state && s->h.isn == isn) {
-            s->h.state = NICD_HELLO_NONE;
-            hello_used--;
+            hello_free_way(s);
             taken = 1;
         }
     }
@@ -670,8 +701,7 @@ int nicd_hello_fail(const struct nicd_flow_key *k, uint32_t isn, unsigned max_tr
     if (hellos) {
         struct hslot *s = hello_find(hello_set(k), k);
         if (s && s->h.state == NICD_HELLO_ANSWERED && s->h.isn == isn && ++s->h.tries >= max_tries) {
-            s->h.state = NICD_HELLO_NONE;
-            hello_used--;
+            hello_free_way(s);
             removed = 1;
         }
     }
@@ -713,10 +743,8 @@ uint32_t nicd_flows_expire(uint32_t *active, uint32_t *in_flight)
     if (hellos) {
         uint32_t now = now_ms();
         for (uint32_t i = 0; i < hello_sets * HELLO_WAYS; i++) {
-            if (hellos[i].h.state != NICD_HELLO_NONE && hello_expired(&hellos[i], now)) {
-                hellos[i].h.state = NICD_HELLO_NONE;
-                hello_used--;
-            }
+            if (hellos[i].h.state != NICD_HELLO_NONE && hello_expired(&hellos[i], now))
+                hello_free_way(&hellos[i]);
         }
     }
     if (in_flight)

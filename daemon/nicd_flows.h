@@ -1,7 +1,9 @@
 /*
  * Per-flow state of the soft NIC, shared by the queue threads: negotiated flows are found and
  * updated without a lock shared between flows (nicd_flows.c says how); hellos (handshakes only)
- * under one mutex. nicd_flows_init and _free run with no other thread in the tables.
+ * under one mutex, but for the lookup of a key that has none (nicd_hello_get: lock-free, as the
+ * data path asks it for compressed packets of flows it does not know). nicd_flows_init and _free
+ * run with no other thread in the tables.
  * A flow is keyed by its egress direction as this host sends it.
  *
  * Two tables, both indexed by SipHash-2-4 with a random key drawn at init (an attacker who

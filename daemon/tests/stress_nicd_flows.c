@@ -9,7 +9,10 @@
  * - no false miss or false hit: each reader also owns keys that only it inserts and removes;
  *   while the clock stands still, its key is found right after it negotiated it and never
  *   after it removed it, however the other writers' deletions shift the probe chains;
- * - the table's books: after everything is removed, no flow is active and no owner holds one.
+ * - the table's books: after everything is removed, no flow is active and no owner holds one;
+ * - hellos (whose lookup of an absent key takes no lock): a reader's own hello is found right
+ *   after it put it, with its ISN, and never after it took it; a shared key's hello, put and taken
+ *   by the writers meanwhile, is only ever seen with that key's ISN.
  * Exit status 0 when all held; a message and 1 otherwise. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -27,7 +30,7 @@
 #define CAPACITY 64       /* small: long, interleaved probe chains (48 flows at most) */
 
 static atomic_int failed, stop_flag, advancing;
-static atomic_ulong lookups, hits, writes;
+static atomic_ulong lookups, hits, writes, hello_lookups;
 
 static void fail(const char *what, unsigned sport, unsigned isn)
 {
@@ -68,6 +71,49 @@ static struct nicd_flow_key key(unsigned i)
 /* A connection of the key of index sport: its ISN carries the index in the high half. */
 static uint32_t isn_of(unsigned sport, unsigned gen) { return (uint32_t)sport << 16 | (gen & 0xFFFF); }
 static uint32_t peer_isn_of(uint32_t isn) { return isn ^ 0x5A5A5A5Au; }
+
+/* Keys whose hello set (nicd_flows.c: the hash's bits 32 and up, 32 sets of 8 ways at this
+ * capacity) holds more than 8 of the keys here: their hellos may be evicted, so a miss of one
+ * proves nothing. */
+#define HELLO_SETS 32
+static unsigned char crowded[sizeof ports / sizeof ports[0]];
+
+static void find_crowded(void)
+{
+    unsigned n = sizeof ports / sizeof ports[0], set[sizeof ports / sizeof ports[0]], in[HELLO_SETS] = {0};
+    for (unsigned i = 1; i < n; i++) {
+        struct nicd_flow_key k = key(i);
+        uint8_t b[12];
+        memcpy(b, &k.saddr, 4), memcpy(b + 4, &k.daddr, 4), memcpy(b + 8, &k.sport, 2), memcpy(b + 10, &k.dport, 2);
+        set[i] = (unsigned)(nicd_flows_test_siphash(TABLE_KEY, b, 12) >> 32) & (HELLO_SETS - 1);
+        in[set[i]]++;
+    }
+    for (unsigned i = 1; i < n; i++)
+        crowded[i] = in[set[i]] > 8;
+}
+
+static struct nicd_hello a_hello(uint8_t state, uint32_t isn)
+{
+    struct nicd_hello h;
+    memset(&h, 0, sizeof h);
+    h.state = state, h.isn = isn, h.peer_isn = peer_isn_of(isn);
+    return h;
+}
+
+/* Look k's hello up as the data path does (confirm_answered); returns 1 and its ISN if found. */
+static int hello_look(unsigned sport, uint32_t *isn)
+{
+    struct nicd_flow_key k = key(sport);
+    struct nicd_hello h;
+    atomic_fetch_add(&hello_lookups, 1);
+    if (!nicd_hello_get(&k, &h))
+        return 0;
+    if (h.isn >> 16 != sport || h.peer_isn != peer_isn_of(h.isn))
+        fail("a hello of another key, or torn", sport, h.isn);
+    *isn = h.isn;
+    return 1;
+}
+
 
 static int negotiate(unsigned sport, uint32_t isn)
 {
@@ -145,6 +191,21 @@ static void *reader(void *arg)
             k = key(1 + (r >> 8) % SHARED_KEYS);
             nicd_flows_note_rewritten(&k);
             nicd_flows_known(&k);
+            hello_look(1 + (r >> 8) % SHARED_KEYS, &isn);
+            if ((r >> 3) & 1) { /* a private key's hello: found after the put, gone after the take */
+                unsigned p = (r >> 8) % PRIVATE_KEYS, sport = base + p;
+                uint32_t want = isn_of(sport, ++gen[p]);
+                int exact = !crowded[sport] && !atomic_load(&advancing);
+                struct nicd_hello h = a_hello(NICD_HELLO_ANSWERED, want);
+                k = key(sport);
+                nicd_hello_put(&k, &h);
+                if (exact && (!hello_look(sport, &isn) || isn != want))
+                    fail("a hello just put was not found (false miss)", sport, want);
+                if (!nicd_hello_take(&k, NICD_HELLO_ANSWERED, want) && exact)
+                    fail("a hello just put could not be taken", sport, want);
+                if (exact && hello_look(sport, &isn))
+                    fail("a taken hello was found (false hit)", sport, isn);
+            }
             break;
         default:
             k = key(1 + (r >> 8) % SHARED_KEYS);
@@ -167,6 +228,11 @@ static void *writer(void *arg)
         case 2: nicd_flows_forget(&k); break;
         default: nicd_flows_close(&k, 1); break;
         }
+        struct nicd_hello h = a_hello(NICD_HELLO_SENT, isn_of(sport, ++gen));
+        if ((r >> 4) & 1)
+            nicd_hello_put(&k, &h);
+        else if (nicd_hello_get(&k, &h) && h.state == NICD_HELLO_SENT)
+            nicd_hello_take(&k, NICD_HELLO_SENT, h.isn); /* unless the other writer took it first */
     }
     return NULL;
 }
@@ -216,6 +282,7 @@ int main(int argc, char **argv)
     }
     nicd_flows_test_keys(TABLE_KEY, TABLE_KEY);
     pick_ports();
+    find_crowded();
     phase(0, seconds); /* the clock stands: no expiry, exact hits and misses on private keys */
     phase(1, seconds); /* the clock jumps: flows expire under the readers too */
     for (unsigned s = 1; s < sizeof ports / sizeof ports[0]; s++) { /* empty it: the books must balance */
@@ -230,8 +297,8 @@ int main(int argc, char **argv)
         if (nicd_flows_test_owned(NICD_OWNER_UID(o)))
             fail("an owner still holds flows after all were removed", o, 0);
     nicd_flows_free();
-    printf("stress_nicd_flows: %lu lookups (%lu hits), %lu negotiations, %d failures\n",
+    printf("stress_nicd_flows: %lu lookups (%lu hits), %lu negotiations, %lu hello lookups, %d failures\n",
            (unsigned long)atomic_load(&lookups), (unsigned long)atomic_load(&hits),
-           (unsigned long)atomic_load(&writes), atomic_load(&failed));
+           (unsigned long)atomic_load(&writes), (unsigned long)atomic_load(&hello_lookups), atomic_load(&failed));
     return atomic_load(&failed) ? 1 : 0;
 }
