@@ -14,8 +14,9 @@ nicd --gso on both hosts (docs/wire-format.md), side by side; for every mode the
 that reached the receiver (an iptables counter on its wire side, before its daemon) are reported
 per MB of original payload.
 ``--queues 1,2`` runs the --gso stream once per queue count (nicd --queues N on both hosts: N
-queue pairs, one thread each, flows spread by hash) and ``--streams M`` sends M parallel streams
-in every transfer, so more than one queue has work. Each daemon's CPU time (all its threads, from
+queue pairs, one thread each; the kernel's --queue-balance hashes addresses and protocol, not
+ports, so one host pair's flows all reach one queue: docs/perf.md) and ``--streams M`` sends M parallel streams
+in every transfer. Each daemon's CPU time (all its threads, from
 /proc/<pid>/stat) is reported per GB of original payload at each end: what a host with cores of
 its own would pay, since here both ends share the machine's cores.
 """
@@ -380,7 +381,8 @@ def print_gso_report(r: dict) -> None:
                   f"{g['sender_s_per_gb']:>11.2f}/{g['receiver_s_per_gb']:.2f}"
                   f"{1e6 / (x['mtu'] - 52):>12.0f}{x['nic_packets_per_mb']:>11.0f}{per_mb:>7.0f}  "
                   + "/".join(str(n) for n in g["sender_queue_packets"]))
-    print("q = queue pairs (threads) of each daemon (--queues); flows spread over them by hash. "
+    print("q = queue pairs (threads) of each daemon (--queues); the kernel spreads flows over them by a hash of "
+          "addresses and protocol only, so one host pair's flows share one queue (docs/perf.md). "
           "pkt/MB = data packets from the sender counted on the receiver's interface (before its daemon) per MB "
           "of original payload; MSS = what the untagged stream takes on a real wire, one per MSS (a veth carries "
           "untagged super-packets whole, so they are not counted). CPU = each daemon's CPU time (all threads) / wall "
@@ -518,7 +520,7 @@ def add_arguments(p) -> None:
                    help="with --both: run the --gso stream once per queue count, each daemon with --queues N "
                    "(default 1)")
     p.add_argument("--streams", type=int, default=1, metavar="M",
-                   help="parallel streams per transfer (default 1; flows spread over queues by hash)")
+                   help="parallel streams per transfer (default 1; all between the same two hosts, so on one queue)")
     p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
                    help="gradients as the collective sends them (scaled per 64K bucket, default) or raw; "
                    "raw also sends the stream once in each codec mode (paper's, per-packet scaled) and "
