@@ -110,6 +110,21 @@ class Codec(ABC):
         return out
 
 
+class Float32StreamCodec(Codec):
+    """A per-value codec applied by the soft NIC, not in the process: what the process sends is
+    the float32 values themselves. A subclass gives ``reconstruct``: what the NIC delivers."""
+
+    per_value = True
+    thread_safe = True
+
+    def encode(self, x: np.ndarray) -> bytes:
+        return np.ascontiguousarray(x, np.float32).tobytes()
+
+    def decode_into(self, blob, out: np.ndarray) -> np.ndarray:
+        out[:] = np.frombuffer(blob, np.float32, out.size)
+        return out
+
+
 def check_vector(x) -> np.ndarray:
     """Accept a 1-D float32 ndarray (any strides); refuse everything else with a clear error."""
     if not isinstance(x, np.ndarray):

@@ -92,6 +92,11 @@ class TernGradCodec(Codec):
         """Random draws used so far (each encode of n values takes ceil(n/2))."""
         return self._draw
 
+    def skip(self, draws: int) -> None:
+        """Move the random stream on by ``draws``: what encodes made elsewhere (in C, by the ring
+        engine, from ``seed`` at ``draw``) took."""
+        self._draw += int(draws)
+
     # --- scaler sharing -----------------------------------------------------------------------
     def scaler(self, x: np.ndarray) -> float:
         """This tensor's scaler: max |x| after clipping."""

@@ -50,7 +50,10 @@ def _thc_state(codec: THCCodec, world: int):
     return s
 
 
-def _shut(conns) -> None:
+def _failed(failures: list, conns, e: BaseException) -> None:
+    """A Python method called back from the engine raised: keep the exception (raised after the
+    call) and shut the ring's connections at once, so that the neighbours fail too."""
+    failures.append(e)
     for conn in conns:
         try:
             conn.sock.shutdown(socket.SHUT_RDWR)
@@ -78,8 +81,7 @@ class _PythonCodec:
         c.max_encoded_size, c.encode, c.decode, c.strerror = self.callbacks
 
     def fail(self, e: BaseException) -> int:
-        self.failures.append(e)
-        _shut(self.conns)
+        _failed(self.failures, self.conns, e)
         return self.E_FAILED
 
     def max_size(self, _c, n):
@@ -132,8 +134,7 @@ def _reconstruct_callback(codec, failures: list, conns):
             if got is not dst:
                 dst[:] = got
         except BaseException as e:      # noqa: BLE001 - nothing may unwind through C
-            failures.append(e)
-            _shut(conns)
+            _failed(failures, conns, e)
     return ffi.callback(ffi.typeof(ffi.new("struct re_codec *").reconstruct), reconstruct)
 
 
@@ -158,9 +159,9 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
         elif mode == "app" and type(codec) is TernGradCodec and codec.impl == "c" and not scaled and \
                 (not codec.share_scaler or codec.agreed_scaler is not None):
             state = ffi.new("struct re_tg *")
-            state.clip, state.packing, state.seed = codec.clip, PACKINGS[codec.packing], codec._seed
+            state.clip, state.packing, state.seed = codec.clip, PACKINGS[codec.packing], codec.seed
             state.shared = codec.agreed_scaler if codec.share_scaler else -1.0
-            state.draw = start_draw = codec._draw % 2**64
+            state.draw = start_draw = codec.draw % 2**64
             lib.re_codec_terngrad(c, state)
         elif mode == "app" and type(codec) is not InceptionnCodec:    # any other codec, called back
             state = _PythonCodec(codec, c, failures, (send, recv))
@@ -187,7 +188,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
                           ffi.cast("float *", ffi.from_buffer(lost)) if lost is not None else ffi.NULL,
                           stats, err, len(err))
     if start_draw is not None:           # TernGrad: the random stream's position moves on
-        codec._draw += (int(state.draw) - start_draw) % 2**64
+        codec.skip((int(state.draw) - start_draw) % 2**64)
     send.counters.add(send.send_plane, sent=int(stats.bytes_sent))
     recv.counters.add(recv.recv_plane, received=int(stats.bytes_received))
     if timers is not None:

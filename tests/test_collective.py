@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from inceptionn.codecs import Codec, available_codecs, get_codec
+from inceptionn.codecs.base import Float32StreamCodec
 from inceptionn.collective import scaling as sc
 from inceptionn.collective import FileStore, Group
 from inceptionn.codecs.blockscale import BLOCK_VALUES, wire_values
@@ -423,23 +424,14 @@ class EagerFloat16Codec(Float16Codec):
     per_value = wants_error_feedback = True
 
 
-class GridCodec(Codec):
+class GridCodec(Float32StreamCodec):
     """A per-value codec of our own for the tagged path: its reconstruction is the nearest multiple
     of 2^-8 (as a soft NIC running it would deliver). Counts the values it reconstructs."""
 
     name = "grid8test"
-    per_value = True
-    thread_safe = True
 
     def __init__(self, fail=False):
         self._values, self._fail = 0, fail     # private: not part of the codec's identity (codec_id)
-
-    def encode(self, x):
-        return np.ascontiguousarray(x, np.float32).tobytes()
-
-    def decode_into(self, blob, out):
-        out[:] = np.frombuffer(blob, np.float32, out.size)
-        return out
 
     def reconstruct(self, x, out=None):
         if self._fail:

@@ -73,21 +73,10 @@ def passthrough_codec():
     by a power of two of its own (codec 2, docs/wire-format.md) and nobody predicts the decode,
     so the replicas are close but not bit-identical. The collective's "nic" path with a codec
     whose reconstruction is the identity: what an unmodified sender of raw gradients does."""
-    import numpy as np
+    from inceptionn.codecs.base import Float32StreamCodec
 
-    from inceptionn.codecs.base import Codec
-
-    class InTheNic(Codec):
+    class InTheNic(Float32StreamCodec):
         name = "scaled in the soft NIC"
-        per_value = True
-        thread_safe = True
-
-        def encode(self, x):
-            return np.ascontiguousarray(x, np.float32).tobytes()
-
-        def decode_into(self, blob, out):
-            out[:] = np.frombuffer(blob, np.float32, out.size)
-            return out
 
         def reconstruct(self, x, out=None):
             if out is not None and out is not x:
