@@ -88,17 +88,25 @@ static inline size_t encode_group_scalar(const float *in, size_t lanes, uint32_t
     return p;
 }
 
+/* The implementation a call runs: AUTO resolved for this CPU; -1 for an unknown one or AVX2
+ * on a CPU without it. */
+static int pick_impl(int impl)
+{
+    if (impl == INC_IMPL_AUTO)
+        impl = inc_have_avx2() ? INC_IMPL_AVX2 : INC_IMPL_SCALAR;
+    if (impl == INC_IMPL_AVX2 && !inc_have_avx2())
+        return -1;
+    return impl == INC_IMPL_SCALAR || impl == INC_IMPL_AVX2 ? impl : -1;
+}
+
 ptrdiff_t inc_encode(const float *in, size_t n, int k, uint8_t *out, size_t cap, int impl)
 {
     if (k < INC_MIN_ERROR_BOUND || k > INC_MAX_ERROR_BOUND)
         return INC_E_ARG;
     if (n > 0 && (in == NULL || out == NULL))
         return INC_E_ARG;
-    if (impl == INC_IMPL_AUTO)
-        impl = inc_have_avx2() ? INC_IMPL_AVX2 : INC_IMPL_SCALAR;
-    if (impl == INC_IMPL_AVX2 && !inc_have_avx2())
-        return INC_E_ARG;
-    if (impl != INC_IMPL_SCALAR && impl != INC_IMPL_AVX2)
+    impl = pick_impl(impl);
+    if (impl < 0)
         return INC_E_ARG;
 
     uint32_t eb = (uint32_t)(127 + k);
@@ -202,11 +210,8 @@ int inc_decode(const uint8_t *in, size_t len, float *out, size_t n, size_t *err_
         *err_at = 0;
     if ((len > 0 && in == NULL) || (n > 0 && out == NULL))
         return INC_E_ARG;
-    if (impl == INC_IMPL_AUTO)
-        impl = inc_have_avx2() ? INC_IMPL_AVX2 : INC_IMPL_SCALAR;
-    if (impl == INC_IMPL_AVX2 && !inc_have_avx2())
-        return INC_E_ARG;
-    if (impl != INC_IMPL_SCALAR && impl != INC_IMPL_AVX2)
+    impl = pick_impl(impl);
+    if (impl < 0)
         return INC_E_ARG;
 
     size_t groups = n / INC_LANES + (n % INC_LANES != 0);
