@@ -142,6 +142,7 @@ static struct {
     unsigned long taken, passed, ef_dropped;
     double taken_bytes, passed_bytes, seconds, ef_bytes;   /* ef_bytes: residual memory held now */
     double check_seconds, hash_seconds;   /* comparing the results across ranks (check_result), hashing */
+    double wire_bytes, float_bytes;       /* the ring's payload bytes this rank sent, and as float32 */
 } g_stats;
 
 /* --- output: one write() per line ------------------------------------------------------------- */
@@ -714,10 +715,23 @@ static int ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
                                .timeout_ms = cfg.timeout_ms, .chunk = chunk, .codec = &codec,
                                .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
     char err[256];
-    int st = re_allreduce(&rr, x, n, lost, NULL, err, sizeof err);
+    struct re_stats stats = {0};
+    int st = re_allreduce(&rr, x, n, lost, &stats, err, sizeof err);
     r->tg_draw = tg.draw;          /* TernGrad: the random stream moves on by what the encodes took */
-    if (st == RE_OK)
+    if (st == RE_OK) {
+        /* the blocks this rank sent (docs/collectives.md, "The ring"): (rank - j) mod N, j < 2N - 2 */
+        double floats = 0;
+        size_t N = (size_t)r->size;
+        for (size_t j = 0; j + 2 < 2 * N; j++) {
+            size_t b = ((size_t)r->rank + N - j % N) % N;
+            floats += (double)((b + 1) * n / N - b * n / N);
+        }
+        pthread_mutex_lock(&g_mu);
+        g_stats.wire_bytes += (double)stats.bytes_sent;
+        g_stats.float_bytes += 4 * floats;
+        pthread_mutex_unlock(&g_mu);
         return 0;
+    }
     if (st == RE_E_PEER)
         sleep(5);
     ring_fail(r, err);
@@ -1033,10 +1047,15 @@ EXPORT int MPI_Finalize(void)
             snprintf(ef, sizeof ef, "; error feedback: %.1f MiB of residuals at the end, %lu dropped", ef_held / 1048576.0,
                      g_stats.ef_dropped);
         double per = g_stats.taken ? 1e6 / (double)g_stats.taken : 0.0;
+        char wire[128] = "";
+        if (g_stats.wire_bytes > 0)
+            snprintf(wire, sizeof wire, "; ring: %.2f MiB sent for %.2f MiB of float32 (%.2fx)",
+                     g_stats.wire_bytes / 1048576.0, g_stats.float_bytes / 1048576.0,
+                     g_stats.float_bytes / g_stats.wire_bytes);
         say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s, codec %s), %lu passed through (%.1f MiB)%s; "
-            "result check per call: %.0f us (hash %.0f us, the rest waits for the slowest rank)", g_stats.taken,
+            "result check per call: %.0f us (hash %.0f us, the rest waits for the slowest rank)%s", g_stats.taken,
             g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], CODECS[cfg.codec].name, g_stats.passed,
-            g_stats.passed_bytes / 1048576.0, ef, g_stats.check_seconds * per, g_stats.hash_seconds * per);
+            g_stats.passed_bytes / 1048576.0, ef, g_stats.check_seconds * per, g_stats.hash_seconds * per, wire);
     }
     return PMPI_Finalize();
 }
