@@ -10,7 +10,8 @@ inputs, and not worse than 1.1 times Group's NMSE measured here (3LC, determinis
 bits as Group); the log names the codec, error feedback follows the codec's trait and the ring
 sent fewer bytes than float32; THC's quantizer is get_codec("thc")'s. Then the library's own
 default of error feedback per codec, and one-line refusals (nic with another codec, fft, an
-unknown name) from the wrapper and from the library itself.
+unknown name) from the wrapper and from the library itself; a THC call with a NaN on one rank
+goes to MPI's own on every rank, and the next call is taken again.
 
 Needs root, OpenMPI (mpirun, mpicc).
 """
@@ -138,3 +139,65 @@ def test_library_defaults_and_refusals(prog, tmp_path):  # noqa: F811
                                                          "terngrad")):
         assert_one_line_error(run_cli("mpirun", "--compress-allreduce", *args, "-np", "2", "--", prog, "x", "1"),
                               needle)
+
+
+NAN_PROG = r"""
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* two in-place sums of 100000 floats; in the first, rank 1 holds a NaN at index 5 */
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank, n = 100000;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    float *x = malloc(n * sizeof *x);
+    for (int call = 0; call < 2; call++) {
+        for (int i = 0; i < n; i++)
+            x[i] = (float)((rank + 1) * 0.001 * sin(i * 0.01));
+        if (call == 0 && rank == 1)
+            x[5] = NAN;
+        MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank%d_call%d.bin", argv[1], rank, call);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(x, sizeof *x, n, f) != (size_t)n || fclose(f))
+            MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def test_thc_call_with_a_nan_goes_to_mpi_on_every_rank(tmp_path):
+    """THC cannot encode a NaN: the agreed norm is not finite on every rank, so every rank passes
+    that call to MPI's own (the NaN where MPI puts it, the rest MPI's float sum) and the next call
+    is taken again. On loopback (the decision is the agreement's, not the network's)."""
+    from inceptionn.shim.run import preload_library
+    lib = preload_library("inceptionn.collective._pmpi_allreduce")
+    (tmp_path / "nan.c").write_text(NAN_PROG)
+    exe = tmp_path / "nan"
+    subprocess.run(["mpicc", "-O2", "-Wall", str(tmp_path / "nan.c"), "-o", str(exe), "-lm"], check=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")
+    r = subprocess.run(["mpirun", "-np", str(WORLD), "--oversubscribe", "-x", f"LD_PRELOAD={lib}",
+                        "-x", "INCEPTIONN_MPI_ADDR=127.0.0.1", "-x", "INCEPTIONN_MPI_CODEC=thc", "-x", "INCEPTIONN_MPI_LOG=1",
+                        str(exe), str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    passed = [ln for ln in lines if "a rank's values are not finite, which THC cannot encode: summed by MPI's own" in ln]
+    took = [ln for ln in lines if "took MPI_Allreduce(count 100000" in ln and ln.endswith("codec thc")]
+    assert len(passed) == WORLD and len(took) == WORLD, r.stderr
+    i = np.arange(100000)
+    exact = sum((q + 1) * 0.001 * np.sin(i * 0.01) for q in range(WORLD))
+    for call in (0, 1):
+        got = [np.fromfile(tmp_path / f"rank{q}_call{call}.bin", np.float32) for q in range(WORLD)]
+        assert all(np.array_equal(got[0].view(np.uint32), g.view(np.uint32)) for g in got), call
+        nan = np.isnan(got[0])
+        assert list(np.flatnonzero(nan)) == ([5] if call == 0 else []), call
+        if call == 0:                       # MPI's own float32 sum, not a codec's
+            assert np.abs(got[0][~nan] - exact[~nan]).max() < 1e-8
+        else:                               # THC's, with its error (0.045 on the test inputs above)
+            print(f"\nTHC after the NaN call: NMSE {nmse(got[0], exact):.4f}")
+            assert 1e-4 < nmse(got[0], exact) < 0.1
