@@ -765,9 +765,9 @@ static void expand_host(char *out, size_t cap, const char *tmpl)
 
 static void describe_settings(char *out, size_t cap, const struct shared_settings *s)
 {
-    snprintf(out, cap, "mode %s, codec %s, min count %lld, error bound %d%s, chunk %d, version %d",
-             MODE_NAME[s->mode & 1], CODEC_NAME(s->codec), (long long)s->min_count, s->k,
-             s->k_from_nicd ? " (its soft NIC's)" : "", s->chunk, s->version);
+    snprintf(out, cap, "mode %s, min count %lld, error bound %d%s, chunk %d, codec %s, version %d",
+             MODE_NAME[s->mode & 1], (long long)s->min_count, s->k, s->k_from_nicd ? " (its soft NIC's)" : "", s->chunk,
+             CODEC_NAME(s->codec), s->version);
 }
 
 /* Every rank states its settings (in nic mode with the bound its soft NIC runs) and all compare
