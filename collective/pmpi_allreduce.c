@@ -17,8 +17,9 @@
  * the ranks compare a hash of the result and abort the job if it differs (check_result).
  * The ring itself is collective/ring_engine.c (its schedule, transports and wire are described in
  * docs/collectives.md, "The ring engine" and "Wire format v2"): nic mode runs its tagged
- * transport, app mode its codec transport, with the INCEPTIONN codec at the agreed error bound.
- * Every rank ends bit-identical, and equal bit for bit to
+ * transport with the INCEPTIONN codec at the agreed error bound, app mode its codec transport
+ * with the configured codec (INCEPTIONN, THC, 3LC or TernGrad; THC's norm agreed before each call,
+ * thc_agree). Every rank ends bit-identical; with INCEPTIONN equal bit for bit to
  * collective.Group.allreduce(compress="nic"/"app") on the same inputs.
  * Error feedback (on by default) keeps per (communicator, count) what this rank's receivers lost and adds
  * it to the next such call (struct residual).
@@ -27,7 +28,9 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <ifaddrs.h>
+#include <math.h>
 #include <mpi.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -50,14 +53,49 @@
 #include "ring_engine.h"
 #include "ring_handshake.h"
 #include "ring_sha256.h"
+#include "terngrad_codec.h"
+#include "thc_codec.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 enum { MODE_APP = 0, MODE_NIC = 1 };
 static const char *const MODE_NAME[] = {"app", "nic"};
 
+/* The codecs (INCEPTIONN_MPI_CODEC), by the names of the Python registry (codecs get_codec), at
+ * get_codec(name)'s defaults, with the traits that decide scaling and error feedback as in
+ * collective.Group (docs/collectives.md, the traits table): only INCEPTIONN is scaled (wire
+ * format v2) and cut into pipeline chunks; the others encode one whole ring block per call, their
+ * per-tensor unit. The FFT codec is numpy's only: not here. */
+enum { CODEC_INCEPTIONN = 0, CODEC_THC, CODEC_3LC, CODEC_TERNGRAD, CODEC_COUNT };
+static const struct {
+    const char *name;
+    int per_value;            /* chunked like INCEPTIONN, scaled; else one encode per ring block */
+    int error_feedback;       /* the codec's wants_error_feedback: the default of INCEPTIONN_MPI_ERROR_FEEDBACK */
+} CODECS[CODEC_COUNT] = {
+    [CODEC_INCEPTIONN] = {"inceptionn", 1, 1},
+    [CODEC_THC] = {"thc", 0, 1},
+    [CODEC_3LC] = {"3lc", 0, 1},
+    [CODEC_TERNGRAD] = {"terngrad", 0, 0},
+};
+#define CODEC_CHOICES "inceptionn, thc, 3lc or terngrad"
+#define CODEC_NAME(c) ((c) >= 0 && (c) < CODEC_COUNT ? CODECS[c].name : "?")
+
+/* get_codec("thc") (codecs_c/thc.py): 4 bits, granularity 30, p = 1/32, the shipped optimal table
+ * T_{4,30,1/32} (thc_table_generated.py) and t_p = Phi^-1(1 - p/2) on thc_table_generator's 2^-40
+ * grid; rotation seed 0 (thc.py round_seed(0, round)). The ring-ready line prints them, and
+ * tests/test_pmpi_codecs.py holds them to Python's. */
+#define THC_BITS 4
+#define THC_GRANULARITY 30
+static const uint8_t THC_TABLE[1 << THC_BITS] = {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30};
+static const double THC_T_P = 0x1.13b22a7d56800p+1;
+/* get_codec("3lc"): sparsity 1.0, zero-run encoding; get_codec("terngrad"): clip 2.5, 2-bit
+ * packing, no shared scaler, a random seed of this rank's own */
+#define TLC_SPARSITY 1.0f
+#define TLC_ZRE 1
+#define TG_CLIP 2.5
+
 static struct {
-    int mode, k, log, timeout_ms, feedback;
+    int mode, codec, k, log, timeout_ms, feedback;
     long min_count, chunk;
     struct in_addr addr;
     int have_addr;            /* from INCEPTIONN_MPI_ADDR or _IFACE (else chosen at setup) */
@@ -91,6 +129,9 @@ struct ring {
     unsigned long calls;
     struct residual *residuals;
     int foreign;              /* holds processes of another MPI_COMM_WORLD: never taken */
+    uint64_t rounds;          /* taken calls so far: THC's round number (every rank counts the same) */
+    uint64_t noise_seed;      /* this rank's own, from getrandom() at setup: THC's rounding noise */
+    uint64_t tg_seed, tg_draw;   /* TernGrad: this rank's random stream (getrandom() at setup), its position */
     struct ring *next;
 };
 
@@ -101,6 +142,7 @@ static struct {
     unsigned long taken, passed, ef_dropped;
     double taken_bytes, passed_bytes, seconds, ef_bytes;   /* ef_bytes: residual memory held now */
     double check_seconds, hash_seconds;   /* comparing the results across ranks (check_result), hashing */
+    double wire_bytes, float_bytes;       /* the ring's payload bytes this rank sent, and as float32 */
 } g_stats;
 
 /* --- output: one write() per line ------------------------------------------------------------- */
@@ -212,6 +254,25 @@ __attribute__((constructor)) static void load_settings(void)
         say("error: bad INCEPTIONN_MPI_MODE '%.40s': use nic or app", m);
         _exit(2);
     }
+    const char *cn = getenv("INCEPTIONN_MPI_CODEC");
+    cfg.codec = -1;
+    for (int i = 0; i < CODEC_COUNT && cfg.codec < 0; i++)
+        if (!cn || !*cn ? i == CODEC_INCEPTIONN : !strcmp(cn, CODECS[i].name))
+            cfg.codec = i;
+    if (cfg.codec < 0 && !strcmp(cn, "fft")) {
+        say("error: INCEPTIONN_MPI_CODEC fft: the FFT codec runs through the Python API only (collective.Group, the "
+            "DDP hook), not in the MPI library; use " CODEC_CHOICES);
+        _exit(2);
+    }
+    if (cfg.codec < 0) {
+        say("error: bad INCEPTIONN_MPI_CODEC '%.40s': use " CODEC_CHOICES, cn);
+        _exit(2);
+    }
+    if (cfg.mode == MODE_NIC && cfg.codec != CODEC_INCEPTIONN) {
+        say("error: INCEPTIONN_MPI_MODE nic runs only the inceptionn codec (the soft NIC's); INCEPTIONN_MPI_CODEC %s "
+            "needs INCEPTIONN_MPI_MODE app", CODECS[cfg.codec].name);
+        _exit(2);
+    }
     cfg.min_count = env_long("INCEPTIONN_MPI_MIN_COUNT", INC_MPI_DEFAULT_MIN_COUNT, 1, INT32_MAX,
                              "a number of values, at least 1");
     cfg.k = (int)env_long("INCEPTIONN_MPI_ERROR_BOUND", INC_MPI_DEFAULT_ERROR_BOUND, INC_MIN_ERROR_BOUND,
@@ -221,7 +282,8 @@ __attribute__((constructor)) static void load_settings(void)
     cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
                                           "seconds, 1..86400");
     cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
-    cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", 1, 0, 1, "use 0 or 1");
+    cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", CODECS[cfg.codec].error_feedback, 0, 1,
+                                 "use 0 or 1");
     const char *ns = getenv("INCEPTIONN_MPI_NICD_SOCKET");
     if (!ns || !*ns)
         ns = INC_MPI_DEFAULT_NICD_SOCKET;
@@ -258,7 +320,7 @@ struct endpoint {
     uint32_t addr;   /* network order */
     uint16_t port;   /* network order */
     uint16_t ok;
-    int32_t mode, k, chunk;   /* settings every rank must share (compared again: a communicator may span worlds) */
+    int32_t mode, k, chunk, codec;   /* settings every rank must share (compared again: a communicator may span worlds) */
     uint8_t contrib[16];      /* this rank's share of the communicator's secret, from getrandom() */
 };
 
@@ -306,6 +368,26 @@ static int agree_ok(struct ring *r, int ok, const char *why)
 
 static double now(void);
 
+/* The codec and its parameters, for the ring-ready line: INCEPTIONN's error bound (and where it
+ * came from), THC's quantizer (held to Python's get_codec("thc") by the tests). */
+static void codec_description(char *out, size_t cap)
+{
+    if (cfg.codec == CODEC_INCEPTIONN) {
+        snprintf(out, cap, "codec inceptionn, error bound %d (%s)", cfg.k, cfg.k_from);
+    } else if (cfg.codec == CODEC_THC) {
+        int n = snprintf(out, cap, "codec thc (bits %d, granularity %d, t_p %.17g, table", THC_BITS, THC_GRANULARITY,
+                         THC_T_P);
+        for (int i = 0; i < (1 << THC_BITS) && n > 0 && (size_t)n < cap; i++)
+            n += snprintf(out + n, cap - (size_t)n, "%c%d", i ? ',' : ' ', THC_TABLE[i]);
+        if (n > 0 && (size_t)n < cap)
+            snprintf(out + n, cap - (size_t)n, ")");
+    } else if (cfg.codec == CODEC_3LC) {
+        snprintf(out, cap, "codec 3lc (sparsity %g, zero-run encoding %s)", (double)TLC_SPARSITY, TLC_ZRE ? "on" : "off");
+    } else {
+        snprintf(out, cap, "codec terngrad (clip %g, 2-bit packing, no shared scaler)", TG_CLIP);
+    }
+}
+
 static void setup(struct ring *r)
 {
     char why[256] = "";
@@ -333,8 +415,10 @@ static void setup(struct ring *r)
         }
     }
     struct endpoint me = {.addr = sa.sin_addr.s_addr, .port = sa.sin_port,
-                          .mode = cfg.mode, .k = cfg.k, .chunk = (int32_t)cfg.chunk};
-    if (ok && ring_random_bytes(me.contrib, sizeof me.contrib) != 0) {
+                          .mode = cfg.mode, .k = cfg.k, .chunk = (int32_t)cfg.chunk, .codec = cfg.codec};
+    uint64_t seeds[2] = {0, 0};   /* this rank's own random streams: THC's noise, TernGrad's rounding */
+    if (ok && (ring_random_bytes(me.contrib, sizeof me.contrib) != 0 ||
+               ring_random_bytes((uint8_t *)seeds, sizeof seeds) != 0)) {
         snprintf(why, sizeof why, "getrandom: %s", strerror(errno));
         ok = 0;
     }
@@ -350,11 +434,13 @@ static void setup(struct ring *r)
             if (!all[i].ok)
                 low = i;
         for (int i = 1; i < r->size && low < 0; i++)
-            if (all[i].mode != all[0].mode || all[i].k != all[0].k || all[i].chunk != all[0].chunk) {
+            if (all[i].mode != all[0].mode || all[i].k != all[0].k || all[i].chunk != all[0].chunk ||
+                all[i].codec != all[0].codec) {
                 low = i;
-                snprintf(why, sizeof why, "its settings differ from rank 0's: mode %s/%s, error bound %d/%d, "
-                         "chunk %d/%d", MODE_NAME[all[i].mode & 1], MODE_NAME[all[0].mode & 1], all[i].k, all[0].k,
-                         all[i].chunk, all[0].chunk);
+                snprintf(why, sizeof why, "its settings differ from rank 0's: mode %s/%s, codec %s/%s, error bound "
+                         "%d/%d, chunk %d/%d", MODE_NAME[all[i].mode & 1], MODE_NAME[all[0].mode & 1],
+                         CODEC_NAME(all[i].codec), CODEC_NAME(all[0].codec), all[i].k, all[0].k, all[i].chunk,
+                         all[0].chunk);
             }
         if (low >= 0) {
             if (low == r->rank)
@@ -391,10 +477,16 @@ static void setup(struct ring *r)
         return;
     }
     r->state = RING_READY;
-    if (cfg.log)
-        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, error bound %d (%s)%s, handshake %.1f ms", r->size,
-            MODE_NAME[cfg.mode], inet_ntoa(self), ntohs(me.port), cfg.min_count, cfg.k, cfg.k_from,
+    r->noise_seed = seeds[0];
+    r->tg_seed = seeds[1];
+    explicit_bzero(seeds, sizeof seeds);
+    if (cfg.log) {
+        char codec[256];
+        codec_description(codec, sizeof codec);
+        say("ring ready: %d ranks, mode %s, %s:%u, min count %ld, %s%s, handshake %.1f ms", r->size,
+            MODE_NAME[cfg.mode], inet_ntoa(self), ntohs(me.port), cfg.min_count, codec,
             cfg.feedback ? ", error feedback" : "", setup_ms);
+    }
 }
 
 /* --- error feedback memory ---------------------------------------------------------------------- */
@@ -543,30 +635,103 @@ static struct ring *ring_for(MPI_Comm comm, int size)
 
 static void ring_fail(struct ring *r, const char *what)
 {
-    say("error: MPI_Allreduce ring (%d ranks, mode %s) failed: %s; aborting the job (a partial result is "
-        "never returned)", r->size, MODE_NAME[cfg.mode], what);
+    say("error: MPI_Allreduce ring (%d ranks, mode %s, codec %s) failed: %s; aborting the job (a partial result is "
+        "never returned)", r->size, MODE_NAME[cfg.mode], CODECS[cfg.codec].name, what);
     PMPI_Abort(r->comm, 1);
     _exit(1);
 }
 
+/* THC's agreement before a call (thc.py: local_stat, agree; collective/pipeline.py agree_codec):
+ * the max over ranks of ||x|| (x compensated already), one PMPI_Allreduce(MAX) of a double, so
+ * every rank holds the same bits; the round's rotation seed from the ring's call number, which
+ * every rank counts alike (Group: round_seed(seed 0, its call number)); this rank's own noise
+ * seed for the round from its ring's random seed. Returns 0, or 1 when some rank's norm is not
+ * finite or the range M would not fit THC's float32 header: every rank sees the same agreed value
+ * and so decides the same. */
+static int thc_agree(struct ring *r, const float *x, size_t n, struct re_thc *s)
+{
+    double mine = sqrt(thc_sum_squares(x, n)), norm = 0;
+    if (!isfinite(mine))
+        mine = INFINITY;
+    if (PMPI_Allreduce(&mine, &norm, 1, MPI_DOUBLE, MPI_MAX, r->comm) != MPI_SUCCESS)
+        ring_fail(r, "agreeing THC's norm: PMPI_Allreduce failed");
+    /* thc_encode's limit, M * d <= FLT_MAX, for the largest block (thc_codec.h) */
+    size_t d = thc_padded_dim(n / (size_t)r->size + 1);
+    if (!isfinite(norm) || d == 0 || !(THC_T_P * norm * sqrt((double)d) <= FLT_MAX))
+        return 1;
+    memset(s, 0, sizeof *s);    /* only the public fields of struct re_thc, the rest zero */
+    s->bits = THC_BITS;
+    s->granularity = THC_GRANULARITY;
+    s->ranks = r->size;
+    memcpy(s->table, THC_TABLE, sizeof THC_TABLE);
+    s->t_p = THC_T_P;
+    s->norm = norm;
+    s->rot_seed = thc_random_word(0, r->rounds);
+    s->noise_seed = thc_random_word(r->noise_seed, r->rounds);
+    return 0;
+}
+
 /* Sum x[0..n) over the ring in place (lost: the residual of error feedback, or NULL: added to x
- * first, then refilled). A failure
- * aborts the job. A broken connection is most often the echo of another rank's abort: give mpirun
- * the time to end this rank quietly first, so the job shows the first cause only; a peer that
- * really died is still reported a moment later. */
-static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
+ * first, then refilled) with the configured codec. Returns 0, or 1 when the call went to
+ * PMPI_Allreduce instead (THC, a non-finite value on some rank: every rank decides the same; the
+ * residual is then spent, nothing was lost). A failure aborts the job. A broken connection is
+ * most often the echo of another rank's abort: give mpirun the time to end this rank quietly
+ * first, so the job shows the first cause only; a peer that really died is still reported a
+ * moment later. */
+static int ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 {
     struct re_codec codec;
-    re_codec_inceptionn(&codec, cfg.k);
-    const struct re_ring rr = {.rank = r->rank, .size = r->size, .send_fd = r->send_fd, .recv_fd = r->recv_fd,
-                               .timeout_ms = cfg.timeout_ms, .chunk = (size_t)cfg.chunk, .codec = &codec,
-                               .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
-    char err[256];
+    struct re_thc thc;
+    struct re_tlc tlc = {.sparsity = TLC_SPARSITY, .zre = TLC_ZRE};
+    struct re_tg tg = {.clip = TG_CLIP, .shared = -1.0f, .packing = TG_PACK_2BIT, .seed = r->tg_seed,
+                       .draw = r->tg_draw};
+    r->rounds++;
     if (lost)
         re_compensate(x, lost, n);     /* error feedback: what the receivers did not get last time */
-    int st = re_allreduce(&rr, x, n, lost, NULL, err, sizeof err);
-    if (st == RE_OK)
-        return;
+    switch (cfg.codec) {
+    case CODEC_THC:
+        if (thc_agree(r, x, n, &thc)) {
+            if (PMPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, r->comm) != MPI_SUCCESS)
+                ring_fail(r, "PMPI_Allreduce of a call THC cannot encode failed");
+            if (lost)
+                memset(lost, 0, n * sizeof *lost);
+            return 1;
+        }
+        re_codec_thc(&codec, &thc);
+        break;
+    case CODEC_3LC:
+        re_codec_threelc(&codec, &tlc);
+        break;
+    case CODEC_TERNGRAD:
+        re_codec_terngrad(&codec, &tg);
+        break;
+    default:
+        re_codec_inceptionn(&codec, cfg.k);
+    }
+    /* a codec that is not per value encodes one whole ring block at a time (Group's _chunk): one
+     * chunk holds the largest block */
+    size_t chunk = CODECS[cfg.codec].per_value ? (size_t)cfg.chunk : n / (size_t)r->size + 1;
+    const struct re_ring rr = {.rank = r->rank, .size = r->size, .send_fd = r->send_fd, .recv_fd = r->recv_fd,
+                               .timeout_ms = cfg.timeout_ms, .chunk = chunk, .codec = &codec,
+                               .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
+    char err[256];
+    struct re_stats stats = {0};
+    int st = re_allreduce(&rr, x, n, lost, &stats, err, sizeof err);
+    r->tg_draw = tg.draw;          /* TernGrad: the random stream moves on by what the encodes took */
+    if (st == RE_OK) {
+        /* the blocks this rank sent (docs/collectives.md, "The ring"): (rank - j) mod N, j < 2N - 2 */
+        double floats = 0;
+        size_t N = (size_t)r->size;
+        for (size_t j = 0; j + 2 < 2 * N; j++) {
+            size_t b = ((size_t)r->rank + N - j % N) % N;
+            floats += (double)((b + 1) * n / N - b * n / N);
+        }
+        pthread_mutex_lock(&g_mu);
+        g_stats.wire_bytes += (double)stats.bytes_sent;
+        g_stats.float_bytes += 4 * floats;
+        pthread_mutex_unlock(&g_mu);
+        return 0;
+    }
     if (st == RE_E_PEER)
         sleep(5);
     ring_fail(r, err);
@@ -575,7 +740,7 @@ static void ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 /* --- settings every rank shares: agreed once, in MPI_Init ------------------------------------- */
 
 struct shared_settings {
-    int32_t version, mode, k, chunk, k_from_nicd, bad;
+    int32_t version, mode, k, chunk, k_from_nicd, bad, codec, pad;
     int64_t min_count;
     char why[160];            /* bad: why this rank cannot state its settings */
 };
@@ -600,8 +765,9 @@ static void expand_host(char *out, size_t cap, const char *tmpl)
 
 static void describe_settings(char *out, size_t cap, const struct shared_settings *s)
 {
-    snprintf(out, cap, "mode %s, min count %lld, error bound %d%s, chunk %d, version %d", MODE_NAME[s->mode & 1],
-             (long long)s->min_count, s->k, s->k_from_nicd ? " (its soft NIC's)" : "", s->chunk, s->version);
+    snprintf(out, cap, "mode %s, min count %lld, error bound %d%s, chunk %d, codec %s, version %d",
+             MODE_NAME[s->mode & 1], (long long)s->min_count, s->k, s->k_from_nicd ? " (its soft NIC's)" : "", s->chunk,
+             CODEC_NAME(s->codec), s->version);
 }
 
 /* Every rank states its settings (in nic mode with the bound its soft NIC runs) and all compare
@@ -610,7 +776,7 @@ static void describe_settings(char *out, size_t cap, const struct shared_setting
 static void agree_settings(void)
 {
     struct shared_settings me = {.version = INC_MPI_SETTINGS_VERSION, .mode = cfg.mode, .chunk = (int32_t)cfg.chunk,
-                                 .min_count = cfg.min_count};
+                                 .codec = cfg.codec, .min_count = cfg.min_count};
     if (cfg.mode == MODE_NIC) {
         char path[256];
         int k = 0;
@@ -654,7 +820,8 @@ static void agree_settings(void)
         if (all[i].bad) {
             snprintf(line, sizeof line, "rank %d cannot state its settings (%s)", i, all[i].why);
         } else if (i && (all[i].version != all[0].version || all[i].mode != all[0].mode || all[i].k != all[0].k ||
-                         all[i].chunk != all[0].chunk || all[i].min_count != all[0].min_count)) {
+                         all[i].chunk != all[0].chunk || all[i].codec != all[0].codec ||
+                         all[i].min_count != all[0].min_count)) {
             char a[160], b[160];
             describe_settings(a, sizeof a, &all[i]);
             describe_settings(b, sizeof b, &all[0]);
@@ -719,9 +886,9 @@ static void check_result(struct ring *r, const float *x, size_t n, double *hash_
     if (m[0] == ~m[1])
         return;
     if (r->rank == 0)
-        say("error: MPI_Allreduce ring (%d ranks, mode %s, error bound %d) gave different results on different ranks "
-            "(a soft NIC's error bound changed during the job? a reload with SIGHUP does that); aborting the job "
-            "before any rank returns it", r->size, MODE_NAME[cfg.mode], cfg.k);
+        say("error: MPI_Allreduce ring (%d ranks, mode %s, codec %s, error bound %d) gave different results on different "
+            "ranks (a soft NIC's error bound changed during the job? a reload with SIGHUP does that); aborting the job "
+            "before any rank returns it", r->size, MODE_NAME[cfg.mode], CODECS[cfg.codec].name, cfg.k);
     else
         sleep(2);
     PMPI_Abort(r->comm, 1);
@@ -818,7 +985,11 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf)
         memmove(x, sendbuf, n * sizeof(float));
     struct residual *ef = cfg.feedback ? residual_for(r, n) : NULL;
-    ring_allreduce(r, x, n, ef ? ef->lost : NULL);     /* adds ef->lost first, then refills it */
+    if (ring_allreduce(r, x, n, ef ? ef->lost : NULL)) {    /* adds ef->lost first, then refills it */
+        pthread_mutex_unlock(&r->mu);
+        passed("a rank's values are not finite, which THC cannot encode: summed by MPI's own", count, datatype, op);
+        return MPI_SUCCESS;
+    }
     double tc = now(), dh = 0;
     check_result(r, x, n, &dh);
     double dc = now() - tc, dt = now() - t0;
@@ -831,8 +1002,8 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     g_stats.hash_seconds += dh;
     pthread_mutex_unlock(&g_mu);
     if (cfg.log)
-        say("took MPI_Allreduce(count %d, float32, MPI_SUM) on %d ranks: %.3f ms, mode %s", count, size, dt * 1e3,
-            MODE_NAME[cfg.mode]);
+        say("took MPI_Allreduce(count %d, float32, MPI_SUM) on %d ranks: %.3f ms, mode %s, codec %s", count, size,
+            dt * 1e3, MODE_NAME[cfg.mode], CODECS[cfg.codec].name);
     return MPI_SUCCESS;
 }
 
@@ -876,10 +1047,15 @@ EXPORT int MPI_Finalize(void)
             snprintf(ef, sizeof ef, "; error feedback: %.1f MiB of residuals at the end, %lu dropped", ef_held / 1048576.0,
                      g_stats.ef_dropped);
         double per = g_stats.taken ? 1e6 / (double)g_stats.taken : 0.0;
-        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s), %lu passed through (%.1f MiB)%s; "
-            "result check per call: %.0f us (hash %.0f us, the rest waits for the slowest rank)", g_stats.taken,
-            g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], g_stats.passed,
-            g_stats.passed_bytes / 1048576.0, ef, g_stats.check_seconds * per, g_stats.hash_seconds * per);
+        char wire[128] = "";
+        if (g_stats.wire_bytes > 0)
+            snprintf(wire, sizeof wire, "; ring: %.2f MiB sent for %.2f MiB of float32 (%.2fx)",
+                     g_stats.wire_bytes / 1048576.0, g_stats.float_bytes / 1048576.0,
+                     g_stats.float_bytes / g_stats.wire_bytes);
+        say("summary: %lu MPI_Allreduce calls taken (%.1f MiB, %.3f s, mode %s, codec %s), %lu passed through (%.1f MiB)%s; "
+            "result check per call: %.0f us (hash %.0f us, the rest waits for the slowest rank)%s", g_stats.taken,
+            g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], CODECS[cfg.codec].name, g_stats.passed,
+            g_stats.passed_bytes / 1048576.0, ef, g_stats.check_seconds * per, g_stats.hash_seconds * per, wire);
     }
     return PMPI_Finalize();
 }

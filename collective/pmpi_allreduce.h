@@ -7,6 +7,8 @@
  * Settings, read once when the library loads (a bad value stops the process with one line):
  *   INCEPTIONN_MPI_MODE         nic (ring sockets tagged 0x28: the soft NICs compress) or app
  *                               (the codec in the process, untagged sockets); default app
+ *   INCEPTIONN_MPI_CODEC        inceptionn (default), thc, 3lc or terngrad (app mode only), at
+ *                               the Python codecs' defaults; fft is refused (numpy's only)
  *   INCEPTIONN_MPI_MIN_COUNT    smallest count taken (default 65536 values)
  *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default -10, nicd's default; in nic mode
  *                               it must be the daemons' bound)
@@ -17,14 +19,15 @@
  *   INCEPTIONN_MPI_IFACE        an interface name or an IPv4 network (a.b.c.d/len) to take it from
  *                               (default: the first non-loopback IPv4 address)
  *   INCEPTIONN_MPI_ERROR_FEEDBACK  1: error feedback, one residual per (communicator, count),
- *                               at most INC_MPI_EF_MAX_KEYS per communicator; 0 or unset: off
+ *                               at most INC_MPI_EF_MAX_KEYS per communicator; 0: off; unset: the
+ *                               codec's default (on, terngrad off)
  *   INCEPTIONN_MPI_LOG          1: one line per MPI_Allreduce (taken or passed, and why), setup
  *                               lines, a summary at MPI_Finalize; 0 or unset: warnings only
  *   INCEPTIONN_MPI_NICD_SOCKET  nic mode: the local soft NIC's stats socket, whose error bound
  *                               replaces INCEPTIONN_MPI_ERROR_BOUND (%h: the host name; default
  *                               nicd's default socket)
  *
- * Mode, threshold, error bound and chunk are compared over MPI_COMM_WORLD in MPI_Init: a
+ * Mode, codec, threshold, error bound and chunk are compared over MPI_COMM_WORLD in MPI_Init: a
  * difference turns the library off on every rank (docs/mpi-allreduce.md, "Settings").
  */
 #ifndef INCEPTIONN_PMPI_ALLREDUCE_H
@@ -37,7 +40,7 @@
 #define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
 #define INC_MPI_DEFAULT_NICD_SOCKET "/run/inceptionn/nicd.sock"   /* daemon/settings.py's default */
-#define INC_MPI_SETTINGS_VERSION 2       /* the settings and the handshake this build speaks */
+#define INC_MPI_SETTINGS_VERSION 3       /* the settings and the handshake this build speaks (3: the codec) */
 
 /* collective/pmpi_abi.c: stop with one line if another MPI family's libmpi is in the process */
 void inc_mpi_check_abi(void);

@@ -65,6 +65,9 @@ def register(sub) -> None:
     e.add_argument("--allreduce-mode", default="auto", metavar="M",
                    help="nic (the soft NICs compress), app (the codec in the ranks) or auto "
                         "(default: nic when the soft NIC runs on this host, which is all that is checked)")
+    e.add_argument("--allreduce-codec", default="inceptionn", metavar="NAME",
+                   help="inceptionn (default), or thc, 3lc or terngrad (app mode only), at the Python codecs' "
+                        "defaults; fft runs through the Python API only")
     e.add_argument("--allreduce-min-count", default=str(DEFAULT_MIN_COUNT), metavar="N",
                    help=f"smallest count taken (default {DEFAULT_MIN_COUNT} values)")
     e.add_argument("--allreduce-error-bound", default=str(DEFAULT_ERROR_BOUND), metavar="K",
@@ -73,7 +76,7 @@ def register(sub) -> None:
     ef = e.add_mutually_exclusive_group()
     ef.add_argument("--allreduce-error-feedback", action="store_true",
                     help="carry what the codec lost in a call into the next call of the same count on the same "
-                         "communicator (the default)")
+                         "communicator (default: what the codec asks for: on, off for terngrad)")
     ef.add_argument("--no-allreduce-error-feedback", action="store_true",
                     help="do not: every call compressed on its own")
     e.add_argument("--allreduce-nicd-socket", metavar="PATH",

@@ -27,6 +27,9 @@ BUILT_WITH = {"openmpi": "OpenMPI's mpicc.openmpi or mpicc (libopenmpi-dev)",
               "mpich": "MPICH's mpicc.mpich (libmpich-dev)"}
 FAMILY_NAME = {"openmpi": "OpenMPI", "mpich": "the MPICH ABI"}
 MODES = ("auto", "nic", "app")
+# the codecs the library runs (collective/pmpi_allreduce.c CODECS), by their get_codec names
+CODECS = ("inceptionn", "thc", "3lc", "terngrad")
+DEFAULT_CODEC = "inceptionn"
 DEFAULT_MIN_COUNT = 65536            # collective/pmpi_allreduce.h INC_MPI_DEFAULT_MIN_COUNT
 DEFAULT_ERROR_BOUND = -10            # nicd's default --error-bound
 
@@ -42,14 +45,31 @@ class Allreduce:
     mode: str = "auto"
     min_count: int = DEFAULT_MIN_COUNT
     error_bound: int = DEFAULT_ERROR_BOUND
-    error_feedback: bool = True        # measured: docs/collectives.md, "Error feedback's default, measured"
+    error_feedback: bool | None = None   # None: the codec's wants_error_feedback (inceptionn's measured:
+                                         # docs/collectives.md, "Error feedback's default, measured")
     nicd_socket: str | None = None     # nic mode: the soft NIC's stats socket (%h: the host's name)
+    codec: str = DEFAULT_CODEC
 
 
 def check_mode(v: str) -> str:
     if v not in MODES:
         raise UserError(f"bad --allreduce-mode {v!r}: use auto, nic or app")
     return v
+
+
+def check_codec(v: str) -> str:
+    if v == "fft":
+        raise UserError("--allreduce-codec fft: the FFT codec runs through the Python API only (collective.Group, "
+                        f"the DDP hook), not in the MPI library; use {', '.join(CODECS[:-1])} or {CODECS[-1]}")
+    if v not in CODECS:
+        raise UserError(f"bad --allreduce-codec {v!r}: use {', '.join(CODECS[:-1])} or {CODECS[-1]}")
+    return v
+
+
+def error_feedback_default(codec: str) -> bool:
+    """What the codec's traits ask for, as in collective.Group (never its name)."""
+    from inceptionn.codecs import get_codec
+    return bool(get_codec(codec).wants_error_feedback)
 
 
 def check_min_count(v: str) -> int:
@@ -150,19 +170,24 @@ def allreduce_env(a: Allreduce, family: str, nic_running: bool, iface: str | Non
                   log: bool) -> tuple[dict, dict[str, str]]:
     """The MPI_Allreduce library's settings (for reports) and the variables that carry them to
     the ranks; ``nic_running``: whether the soft NIC runs on every host checked (mode auto)."""
+    if a.mode == "nic" and a.codec != "inceptionn":
+        raise UserError(f"--allreduce-mode nic runs only the inceptionn codec (the soft NIC's): --allreduce-codec "
+                        f"{a.codec} needs --allreduce-mode app (or auto)")
     lib = library(family)
-    mode = a.mode if a.mode != "auto" else ("nic" if nic_running else "app")
-    env = {"INCEPTIONN_MPI_MODE": mode, "INCEPTIONN_MPI_MIN_COUNT": str(a.min_count),
+    # auto: nic only where the soft NICs can run the codec
+    mode = a.mode if a.mode != "auto" else ("nic" if nic_running and a.codec == "inceptionn" else "app")
+    feedback = error_feedback_default(a.codec) if a.error_feedback is None else a.error_feedback
+    env = {"INCEPTIONN_MPI_MODE": mode, "INCEPTIONN_MPI_CODEC": a.codec, "INCEPTIONN_MPI_MIN_COUNT": str(a.min_count),
            "INCEPTIONN_MPI_ERROR_BOUND": str(a.error_bound)}
     if iface:
         env["INCEPTIONN_MPI_IFACE"] = iface
-    env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1" if a.error_feedback else "0"
+    env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1" if feedback else "0"
     if a.nicd_socket:
         env["INCEPTIONN_MPI_NICD_SOCKET"] = a.nicd_socket
     if log:
         env["INCEPTIONN_MPI_LOG"] = "1"
-    settings = {"library": lib, "mpi": family, "mode": mode, "requested_mode": a.mode,
-                "min_count": a.min_count, "error_bound": a.error_bound, "error_feedback": a.error_feedback,
+    settings = {"library": lib, "mpi": family, "mode": mode, "requested_mode": a.mode, "codec": a.codec,
+                "min_count": a.min_count, "error_bound": a.error_bound, "error_feedback": feedback,
                 "iface": iface, "log": log, "nicd_socket": a.nicd_socket or DEFAULT_NICD_SOCKET}
     return settings, env
 
@@ -215,12 +240,14 @@ def run_env(args) -> int:
     elif family is None:
         raise UserError("which MPI does the job run? give --mpi openmpi or --mpi mpich, or the program after -- "
                         "to read it from")
+    feedback = True if args.allreduce_error_feedback else False if args.no_allreduce_error_feedback else None
     a = Allreduce(check_mode(args.allreduce_mode), check_min_count(args.allreduce_min_count),
-                  check_error_bound(args.allreduce_error_bound), not args.no_allreduce_error_feedback,
-                  check_nicd_socket(args.allreduce_nicd_socket) if args.allreduce_nicd_socket else None)
+                  check_error_bound(args.allreduce_error_bound), feedback,
+                  check_nicd_socket(args.allreduce_nicd_socket) if args.allreduce_nicd_socket else None,
+                  check_codec(args.allreduce_codec))
     iface = check_iface(args.iface) if args.iface else None
     nic = False
-    if a.mode == "auto":   # only this host can be checked; the job's hosts may differ
+    if a.mode == "auto" and a.codec == "inceptionn":   # only this host can be checked; the job's hosts may differ
         from .mpirun import nic_status
         nic = nic_status()["running"]
     settings, env = allreduce_env(a, family, nic, iface, args.log)
@@ -228,7 +255,10 @@ def run_env(args) -> int:
     if args.json:
         print(json.dumps({"mpi": family, "allreduce": settings, "env": env}, indent=2))
         return 0
-    if a.mode == "auto":
+    if a.mode == "auto" and a.codec != "inceptionn":
+        print(f"inceptionn env: {FAMILY_NAME[family]}, mode app (auto: the soft NIC runs only the inceptionn codec, "
+              f"{a.codec} runs in the ranks)", file=sys.stderr)
+    elif a.mode == "auto":
         print(f"inceptionn env: {FAMILY_NAME[family]}, mode {settings['mode']} (auto: the soft NIC "
               f"{'runs' if nic else 'does not run'} on this host; the job's hosts are not checked)", file=sys.stderr)
     print(render(env, args.format))

@@ -57,7 +57,7 @@ OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
            "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--no-allreduce-error-feedback": False,
-           "--allreduce-nicd-socket": True}
+           "--allreduce-nicd-socket": True, "--allreduce-codec": True}
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
@@ -87,6 +87,10 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --allreduce-mode M  nic (ring sockets tagged: the soft NICs compress), app (the codec in
                       the ranks, no daemon needed) or auto (default: nic when every host's
                       soft NIC runs, else app)
+  --allreduce-codec NAME
+                      inceptionn (default), or thc, 3lc or terngrad (app mode only; auto
+                      then picks app), at the Python codecs' defaults; fft runs through the
+                      Python API only
   --allreduce-min-count N
                       smallest count taken (default {DEFAULT_MIN_COUNT} values)
   --allreduce-error-bound K
@@ -94,7 +98,8 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
                       must be the daemons' --error-bound)
   --allreduce-error-feedback, --no-allreduce-error-feedback
                       add what the codec lost in a call to the next call of the same count on
-                      the same communicator, or not (on by default; docs/mpi-allreduce.md)
+                      the same communicator, or not (default: what the codec asks for: on,
+                      off for terngrad; docs/mpi-allreduce.md)
   --allreduce-nicd-socket PATH
                       nic mode: the soft NIC's stats socket on every host (%h: the host's
                       name; default nicd's, {DEFAULT_NICD_SOCKET}); the ranks run the bound
@@ -136,8 +141,9 @@ class Options:
     allreduce_mode: str = "auto"
     allreduce_min_count: int = DEFAULT_MIN_COUNT
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
-    allreduce_error_feedback: bool = True
+    allreduce_error_feedback: bool | None = None    # None: the codec's default
     allreduce_nicd_socket: str | None = None
+    allreduce_codec: str = mpienv.DEFAULT_CODEC
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -204,7 +210,10 @@ def parse_args(rest: list[str]) -> Options:
         opts.allreduce_mode = mpienv.check_mode(values["--allreduce-mode"])
     if values.get("--allreduce-error-feedback") and values.get("--no-allreduce-error-feedback"):
         raise UserError("--allreduce-error-feedback and --no-allreduce-error-feedback: give one")
-    opts.allreduce_error_feedback = not values.get("--no-allreduce-error-feedback")
+    opts.allreduce_error_feedback = (True if values.get("--allreduce-error-feedback") else
+                                     False if values.get("--no-allreduce-error-feedback") else None)
+    if "--allreduce-codec" in values:
+        opts.allreduce_codec = mpienv.check_codec(values["--allreduce-codec"])   # nic + codec: allreduce_env
     if "--allreduce-min-count" in values:
         opts.allreduce_min_count = mpienv.check_min_count(values["--allreduce-min-count"])
     if "--allreduce-error-bound" in values:
@@ -474,7 +483,7 @@ def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> t
                         "launch it with its own launcher and `inceptionn env --compress-allreduce --mpi mpich` "
                         "(docs/launchers.md)")
     a = mpienv.Allreduce(opts.allreduce_mode, opts.allreduce_min_count, opts.allreduce_error_bound,
-                         opts.allreduce_error_feedback, opts.allreduce_nicd_socket)
+                         opts.allreduce_error_feedback, opts.allreduce_nicd_socket, opts.allreduce_codec)
     return mpienv.allreduce_env(a, "openmpi", bool(hosts) and all(h["nic"]["running"] for h in hosts), iface,
                                 bool(opts.log))
 
@@ -484,8 +493,9 @@ def report_lines(p: Plan) -> list[str]:
     what = f"tag policy {p.policy.canonical}" if p.policy else "no tag policy"
     if p.allreduce:
         a = p.allreduce
+        codec = f"error bound 2^{a['error_bound']}" if a["codec"] == "inceptionn" else f"codec {a['codec']}"
         what += (f"; MPI_Allreduce compressed (mode {a['mode']}, float32 sums of >= {a['min_count']} values, "
-                 f"error bound 2^{a['error_bound']}{', error feedback' if a['error_feedback'] else ''})")
+                 f"{codec}{', error feedback' if a['error_feedback'] else ''})")
     lines = [f"inceptionn mpirun: {where}; {what}"]
     width = max(len(h["name"]) for h in p.hosts)
     for h in p.hosts:

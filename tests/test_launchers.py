@@ -89,9 +89,9 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
             "--allreduce-min-count", "1000"]
     lib = mpienv.library("mpich")
     r = subprocess.run([CLI, *base], capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": "/x/a.so"})
-    assert r.stdout.strip() == ("INCEPTIONN_MPI_MODE=app,INCEPTIONN_MPI_MIN_COUNT=1000,INCEPTIONN_MPI_ERROR_BOUND=-10,"
-                                "INCEPTIONN_MPI_IFACE=198.18.0.0/24,INCEPTIONN_MPI_ERROR_FEEDBACK=1,"
-                                f"LD_PRELOAD=/x/a.so:{lib}"), r.stdout
+    assert r.stdout.strip() == ("INCEPTIONN_MPI_MODE=app,INCEPTIONN_MPI_CODEC=inceptionn,INCEPTIONN_MPI_MIN_COUNT=1000,"
+                                "INCEPTIONN_MPI_ERROR_BOUND=-10,INCEPTIONN_MPI_IFACE=198.18.0.0/24,"
+                                f"INCEPTIONN_MPI_ERROR_FEEDBACK=1,LD_PRELOAD=/x/a.so:{lib}"), r.stdout
     r = run_cli(*base, "--format", "hydra")
     assert r.stdout.split()[:2] == ["-genv", "INCEPTIONN_MPI_MODE"] and r.stdout.split()[-2:] == ["LD_PRELOAD", lib]
     r = run_cli(*base, "--format", "shell", "--allreduce-error-feedback", "--log")
@@ -99,6 +99,16 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
     assert {"export INCEPTIONN_MPI_ERROR_FEEDBACK=1", "export INCEPTIONN_MPI_LOG=1"} <= set(r.stdout.splitlines())
     r = run_cli(*base, "--format", "shell", "--no-allreduce-error-feedback")
     assert "export INCEPTIONN_MPI_ERROR_FEEDBACK=0" in r.stdout.splitlines(), r.stdout
+    # --allreduce-codec: the name, and error feedback by the codec's trait unless asked (terngrad: off)
+    for codec, ef in (("thc", "1"), ("3lc", "1"), ("terngrad", "0")):
+        lines = set(run_cli(*base, "--format", "shell", "--allreduce-codec", codec).stdout.splitlines())
+        assert {f"export INCEPTIONN_MPI_CODEC={codec}", f"export INCEPTIONN_MPI_ERROR_FEEDBACK={ef}"} <= lines, lines
+    lines = set(run_cli(*base, "--format", "shell", "--allreduce-codec", "terngrad", "--allreduce-error-feedback"
+                        ).stdout.splitlines())
+    assert "export INCEPTIONN_MPI_ERROR_FEEDBACK=1" in lines, lines
+    # auto with a codec the soft NIC does not run: app, whatever this host runs
+    plan = env_of("--mpi", "openmpi", "--allreduce-codec", "thc")
+    assert (plan["allreduce"]["mode"], plan["allreduce"]["codec"], plan["env"]["INCEPTIONN_MPI_MODE"]) == ("app", "thc", "app")
 
 
 def test_env_mistakes_are_one_line(progs, tmp_path):
@@ -111,6 +121,14 @@ def test_env_mistakes_are_one_line(progs, tmp_path):
     assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-mode", "fast"),
                           "bad --allreduce-mode 'fast'")
     assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--iface", "a b"), "bad --iface")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-codec", "thc",
+                                  "--allreduce-mode", "nic"),
+                          "--allreduce-mode nic runs only the inceptionn codec (the soft NIC's): --allreduce-codec thc "
+                          "needs --allreduce-mode app")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-codec", "fft"),
+                          "--allreduce-codec fft: the FFT codec runs through the Python API only")
+    assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-codec", "zip"),
+                          "bad --allreduce-codec 'zip': use inceptionn, thc, 3lc or terngrad")
     # a program of a third MPI ABI (here a stand-in libmpi.so.20): named, and refused
     other = tmp_path / "libmpi.so.20"
     (tmp_path / "stub.c").write_text("int MPI_Init(int *c, char ***v) { (void)c; (void)v; return 0; }\n")

@@ -154,8 +154,8 @@ def test_mpi4py_script_app_mode_and_fallback(tb_name, tmp_path, prog):
         warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln and "inceptionn-mpi" in ln]
         assert len(warnings) == WORLD, r.stderr
         assert all("the MPI_Allreduce library is off for this job: rank 1's settings differ from rank 0's (mode app, "
-                   "min count 65536, error bound -10, chunk 1000, version 2; rank 0: mode app, min count 65536, "
-                   "error bound -10, chunk 65536, version 2)" in w for w in warnings), warnings
+                   "min count 65536, error bound -10, chunk 1000, codec inceptionn, version 3; rank 0: mode app, min "
+                   "count 65536, error bound -10, chunk 65536, codec inceptionn, version 3)" in w for w in warnings), warnings
         assert (mix / "rank0_inplace.bin").read_bytes() == (plain_c / "rank0_inplace.bin").read_bytes()
 
         # mid-call: rank 3 is killed while the ranks loop over MPI_Allreduce; the job ends (no hang),
@@ -225,13 +225,15 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
         assert r.returncode == 0, r.stderr
         plan = json.loads(r.stdout)
         assert plan["policy"] is None
-        assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "min_count": 1000,
+        assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "codec": "inceptionn",
+                                     "min_count": 1000,
                                      "error_bound": -12, "error_feedback": True, "iface": str(tb.network), "log": False,
                                      "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi"}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
         assert exported["INCEPTIONN_MPI_ERROR_FEEDBACK"] == "1"   # on by default, said explicitly
+        assert exported["INCEPTIONN_MPI_CODEC"] == "inceptionn"
         assert (exported["INCEPTIONN_MPI_MODE"], exported["INCEPTIONN_MPI_MIN_COUNT"],
                 exported["INCEPTIONN_MPI_ERROR_BOUND"], exported["INCEPTIONN_MPI_IFACE"]) == ("app", "1000", "-12", str(tb.network))
         # with a policy: the tagging library first, then this one; a forced nic mode warns
