@@ -227,44 +227,54 @@ static float inv_sqrt_dim(size_t d)
     return s;
 }
 
-static void apply_signs(float *x, size_t d, uint64_t seed)
+/* dst[0..m) = src[0..m) with the signs of D (seed) from position `at` (a multiple of 64), scaled by
+ * s first (scale, then flip: thc_irht's order; s = 1 changes no float); src may be dst. Each
+ * 32-bit half of a word shifted by the lane's position: vector shifts where the CPU has them. */
+static inline __attribute__((always_inline)) void signs_kernel(float *dst, const float *src, size_t m, size_t at,
+                                                               uint64_t seed, float s)
 {
-    for (size_t w = 0; w * 64 < d; w++) {
-        uint64_t bits = thc_random_word(seed, w);
-        size_t end = d - w * 64 < 64 ? d - w * 64 : 64;
-        float *v = x + w * 64;
-        for (size_t i = 0; i < end; i++) { /* exact: flips the sign bit; branch-free */
-            uint32_t u;
-            memcpy(&u, &v[i], 4);
-            u ^= (uint32_t)((bits >> i) & 1) << 31;
-            memcpy(&v[i], &u, 4);
+    for (size_t w = 0; w * 64 < m; w++) {
+        uint64_t bits = thc_random_word(seed, (at / 64) + w);
+        size_t end = m - w * 64 < 64 ? m - w * 64 : 64;
+        for (size_t h = 0; h * 32 < end; h++) {
+            uint32_t b = (uint32_t)(bits >> (32 * h));
+            size_t e = end - h * 32 < 32 ? end - h * 32 : 32;
+            const float *v = src + w * 64 + h * 32;
+            float *o = dst + w * 64 + h * 32;
+            for (uint32_t i = 0; i < e; i++) { /* exact: flips the sign bit; branch-free */
+                float f = v[i] * s;
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                u ^= (b >> i) << 31;
+                memcpy(&o[i], &u, 4);
+            }
         }
     }
+}
+
+#if CU_X86
+__attribute__((target("avx2"))) static void signs_avx2(float *dst, const float *src, size_t m, size_t at,
+                                                       uint64_t seed, float s)
+{
+    signs_kernel(dst, src, m, at, seed, s);
+}
+#endif
+
+static void signs_copy(float *dst, const float *src, size_t m, size_t at, uint64_t seed, float s)
+{
+#if CU_X86
+    if (cpu_has_avx2()) {
+        signs_avx2(dst, src, m, at, seed, s);
+        return;
+    }
+#endif
+    signs_kernel(dst, src, m, at, seed, s);
 }
 
 static void scale(float *x, size_t d, float s)
 {
     for (size_t i = 0; i < d; i++)
         x[i] *= s;
-}
-
-/* dst[0..m) = src[0..m) with the signs of D (seed) from position `at` (a multiple of 64), scaled by
- * s first when s != 1 (scale, then flip: thc_irht's order); src may be dst. */
-static void signs_copy(float *dst, const float *src, size_t m, size_t at, uint64_t seed, float s)
-{
-    for (size_t w = 0; w * 64 < m; w++) {
-        uint64_t bits = thc_random_word(seed, (at / 64) + w);
-        size_t end = m - w * 64 < 64 ? m - w * 64 : 64;
-        const float *v = src + w * 64;
-        float *o = dst + w * 64;
-        for (size_t i = 0; i < end; i++) {
-            float f = s != 1.0f ? v[i] * s : v[i];
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            u ^= (uint32_t)((bits >> i) & 1) << 31;
-            memcpy(&o[i], &u, 4);
-        }
-    }
 }
 
 float thc_rht_scale(size_t d)
@@ -295,7 +305,7 @@ int thc_rht(float *x, size_t d, uint64_t seed)
 {
     if (!is_pow2(d) || x == NULL)
         return THC_E_ARG;
-    apply_signs(x, d, seed);
+    signs_copy(x, x, d, 0, seed, 1.0f);
     thc_fwht(x, d);
     scale(x, d, inv_sqrt_dim(d));
     return THC_OK;
@@ -306,8 +316,7 @@ int thc_irht(float *x, size_t d, uint64_t seed)
     if (!is_pow2(d) || x == NULL)
         return THC_E_ARG;
     thc_fwht(x, d);
-    scale(x, d, inv_sqrt_dim(d));
-    apply_signs(x, d, seed);
+    signs_copy(x, x, d, 0, seed, inv_sqrt_dim(d)); /* scale, then the signs */
     return THC_OK;
 }
 
@@ -1008,7 +1017,40 @@ ptrdiff_t thc_add_indices(const uint8_t *in, size_t len, const uint8_t *z, size_
     write_header(out, THC_KIND_SUM, info.bits, info.granularity, width, info.log2_dim, (uint32_t)total, info.range,
                  info.seed, info.table);
     uint8_t *o = out + info.payload_offset;
-    struct unpacker u = {in + info.payload_offset, 0, 0, 0};
+    const uint8_t *p = in + info.payload_offset;
+    if (width == 8 && (info.kind == THC_KIND_SUM ? info.width == 8 : (info.width == 4 && d >= 2))) {
+        /* byte sums (the ring up to 255 / g contributions): one pass, sums <= count * g checked
+         * before anything is written, T[z] looked up from the indices */
+        uint8_t t[256] = {0}, zmax = 0;
+        memcpy(t, info.table, levels);
+        if (info.kind == THC_KIND_SUM) {
+            uint8_t hi = 0;
+            for (size_t i = 0; i < d; i++)
+                hi = p[i] > hi ? p[i] : hi;
+            if (hi > info.count * (uint64_t)info.granularity) {
+                size_t i = 0;
+                while (p[i] <= info.count * (uint64_t)info.granularity)
+                    i++;
+                if (err_at)
+                    *err_at = info.payload_offset + i;
+                return THC_E_VALUE;
+            }
+            for (size_t i = 0; i < d; i++) {
+                zmax = z[i] > zmax ? z[i] : zmax;
+                o[i] = (uint8_t)(p[i] + t[z[i]]);
+            }
+        } else {
+            for (size_t i = 0; i < d / 2; i++) {
+                uint8_t a = z[2 * i], b = z[2 * i + 1];
+                zmax = a > zmax ? a : zmax;
+                zmax = b > zmax ? b : zmax;
+                o[2 * i] = (uint8_t)(t[p[i] & 15] + t[a]);
+                o[2 * i + 1] = (uint8_t)(t[p[i] >> 4] + t[b]);
+            }
+        }
+        return zmax >= levels ? THC_E_ARG : (ptrdiff_t)need;
+    }
+    struct unpacker u = {p, 0, 0, 0};
     uint32_t v[2048];
     int bad_z = 0;
     for (size_t i0 = 0; i0 < d; i0 += 2048) {

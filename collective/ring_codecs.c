@@ -178,9 +178,8 @@ static ptrdiff_t thc_enc_sum(const struct re_codec *c, const float *x, size_t n,
     float *work = thc_scratch(s, d);
     if (!work)
         return THC_E_ARG;
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return THC_E_NONFINITE;
+    /* a non-finite x[i] makes rotated values non-finite (inf and NaN never sum to a finite float),
+     * which thc_quantize refuses as thc_encode does */
     thc_rotate_unscaled(x, n, d, s->rot_seed, work);       /* thc_rht, its 1/sqrt(d) left to thc_quantize */
     float range = thc_range(s, n);
     uint64_t noise = thc_random_word(s->noise_seed, s->encodes++);
