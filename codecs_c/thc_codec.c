@@ -172,27 +172,38 @@ static inline __attribute__((always_inline)) void fwht_low8(float *x, size_t len
 }
 #endif
 
+/* The levels inside one block of len = min(d, FWHT_BLOCK) values. */
+static inline __attribute__((always_inline)) void fwht_block(float *x, size_t len)
+{
+#if CU_X86
+    if (len >= 8) {
+        fwht_low8(x, len);
+        fwht_levels(x, len, 8, len);
+        return;
+    }
+#endif
+    fwht_levels(x, len, 1, len);
+}
+
+/* The levels from FWHT_BLOCK up (none when d <= FWHT_BLOCK). */
+static inline __attribute__((always_inline)) void fwht_upper_levels(float *x, size_t d)
+{
+    if (d <= FWHT_BLOCK)
+        return;
+    size_t rows = d / FWHT_BLOCK < FWHT_ROWS ? d / FWHT_BLOCK : FWHT_ROWS, super = rows * FWHT_BLOCK;
+    for (size_t b = 0; b < d; b += super)
+        fwht_upper(x + b, rows);
+    fwht_levels(x, d, super, d);
+}
+
 static inline __attribute__((always_inline)) void fwht_kernel(float *x, size_t d)
 {
     /* Every element sees the levels in the same order and each butterfly is one float add and
      * one subtract, so blocking changes nothing in the result, only the cache traffic. */
     size_t block = d < FWHT_BLOCK ? d : FWHT_BLOCK;
-#if CU_X86
-    if (block >= 8) {
-        for (size_t b = 0; b < d; b += block) {
-            fwht_low8(x + b, block);
-            fwht_levels(x + b, block, 8, block);
-        }
-    } else
-#endif
     for (size_t b = 0; b < d; b += block)
-        fwht_levels(x + b, block, 1, block);
-    if (d <= block)
-        return;
-    size_t rows = d / block < FWHT_ROWS ? d / block : FWHT_ROWS, super = rows * block;
-    for (size_t b = 0; b < d; b += super)
-        fwht_upper(x + b, rows);
-    fwht_levels(x, d, super, d);
+        fwht_block(x + b, block);
+    fwht_upper_levels(x, d);
 }
 
 #if CU_X86
@@ -200,7 +211,40 @@ __attribute__((target("avx2"))) static void fwht_avx2(float *x, size_t d)
 {
     fwht_kernel(x, d);
 }
+
+__attribute__((target("avx2"))) static void fwht_block_avx2(float *x, size_t len)
+{
+    fwht_block(x, len);
+}
+
+__attribute__((target("avx2"))) static void fwht_upper_avx2(float *x, size_t d)
+{
+    fwht_upper_levels(x, d);
+}
 #endif
+
+/* thc_fwht in two halves: fwht_low on every block of min(d, FWHT_BLOCK), then fwht_high. */
+static void fwht_low(float *x, size_t len)
+{
+#if CU_X86
+    if (cpu_has_avx2()) {
+        fwht_block_avx2(x, len);
+        return;
+    }
+#endif
+    fwht_block(x, len);
+}
+
+static void fwht_high(float *x, size_t d)
+{
+#if CU_X86
+    if (cpu_has_avx2()) {
+        fwht_upper_avx2(x, d);
+        return;
+    }
+#endif
+    fwht_upper_levels(x, d);
+}
 
 int thc_fwht(float *x, size_t d)
 {
@@ -286,10 +330,18 @@ int thc_rotate_unscaled(const float *in, size_t n, size_t d, uint64_t seed, floa
 {
     if (!is_pow2(d) || n > d || work == NULL || (n > 0 && in == NULL))
         return THC_E_ARG;
-    signs_copy(work, in, n, 0, seed, 1.0f);
-    if (d > n)
-        memset(work + n, 0, (d - n) * sizeof(float)); /* -0.0 or +0.0: the same sums */
-    return thc_fwht(work, d);
+    /* block by block: the signs while copying in, then the block's levels while it is in cache */
+    size_t block = d < FWHT_BLOCK ? d : FWHT_BLOCK;
+    for (size_t b = 0; b < d; b += block) {
+        size_t m = b >= n ? 0 : (n - b < block ? n - b : block);
+        if (m > 0)
+            signs_copy(work + b, in + b, m, b, seed, 1.0f);
+        if (m < block)
+            memset(work + b + m, 0, (block - m) * sizeof(float)); /* -0.0 or +0.0: the same sums */
+        fwht_low(work + b, block);
+    }
+    fwht_high(work, d);
+    return THC_OK;
 }
 
 int thc_unrotate(float *work, size_t d, uint64_t seed, float *out, size_t n)

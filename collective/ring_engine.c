@@ -603,9 +603,12 @@ int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struc
     if (stats)
         *stats = c.st;
     if (st == RE_OK && lost)
-        for (size_t i = 0; i < n; i++)      /* inf - inf where a rank had inf or NaN: never carried on */
-            if (!isfinite(lost[i]))
-                lost[i] = 0;
+        for (size_t i = 0; i < n; i++) {    /* inf - inf where a rank had inf or NaN: never carried on */
+            uint32_t u;                      /* (on the bits, branch-free: the loop vectorizes) */
+            memcpy(&u, &lost[i], 4);
+            u = (u & 0x7F800000u) == 0x7F800000u ? 0u : u;
+            memcpy(&lost[i], &u, 4);
+        }
     return st;
 }
 
