@@ -11,7 +11,8 @@
  *   2 encode: byte 1 picks b and g, the rest are float bit patterns. Encoding must succeed (or
  *     refuse a non-finite value) and the blob must decode and sum with itself; the ring's path
  *     (thc_rotate_unscaled, thc_quantize, thc_pack_indices) must write the same blob.
- * Every decode also runs thc_decode_rotated_sum, which must agree on the status.
+ * Every decode also runs thc_decode_rotated_sum, which must agree on the status, and a decode
+ * that succeeds must give thc_decode's floats through thc_unrotate, the ring's inverse.
  * Build: clang -fsanitize=fuzzer,address,undefined (see the Makefile's fuzz target).
  */
 #include "thc_codec.h"
@@ -37,10 +38,20 @@ static int check_decodes(const uint8_t *blob, size_t len, size_t n)
     r2 = thc_decode_rotated_sum(blob, len, n, work2, &at2);
     if (r != r2 || (r != THC_OK && at != at2))
         abort();
-    if (r == THC_OK)
+    if (r == THC_OK) {
         for (size_t i = 0; i < n; i++)
             if (!fz_finite(out[i]))
                 abort();
+        /* the ring's inverse (thc_unrotate of the rotated mean) gives thc_decode's floats */
+        float *out2 = fz_floats(n);
+        uint64_t seed = 0;
+        for (int i = 7; i >= 0; i--)
+            seed = (seed << 8) | blob[16 + i];
+        if (thc_decode_rotated(blob, len, n, work2, NULL) != THC_OK || thc_unrotate(work2, d, seed, out2, n) != THC_OK ||
+            (n > 0 && memcmp(out, out2, n * sizeof(float)) != 0))
+            abort();
+        free(out2);
+    }
     if (r > 0 || r < THC_E_NONFINITE)
         abort();
     free(work);
