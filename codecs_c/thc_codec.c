@@ -206,57 +206,33 @@ static inline __attribute__((always_inline)) void fwht_kernel(float *x, size_t d
     fwht_upper_levels(x, d);
 }
 
+/* name(params): kernel(args) compiled twice, for x86-64's baseline and for AVX2, the AVX2 build run
+ * where the CPU has it and INCEPTIONN_CODEC_SIMD allows (cpu_has_avx2): the same operations in
+ * the same order, so the same bits. */
 #if CU_X86
-__attribute__((target("avx2"))) static void fwht_avx2(float *x, size_t d)
-{
-    fwht_kernel(x, d);
-}
-
-__attribute__((target("avx2"))) static void fwht_block_avx2(float *x, size_t len)
-{
-    fwht_block(x, len);
-}
-
-__attribute__((target("avx2"))) static void fwht_upper_avx2(float *x, size_t d)
-{
-    fwht_upper_levels(x, d);
-}
+#define SIMD_DISPATCH(name, kernel, params, args)                                                  \
+    __attribute__((target("avx2"))) static void name##_avx2 params { kernel args; }                \
+    static void name params                                                                        \
+    {                                                                                              \
+        if (cpu_has_avx2())                                                                        \
+            name##_avx2 args;                                                                      \
+        else                                                                                       \
+            kernel args;                                                                           \
+    }
+#else
+#define SIMD_DISPATCH(name, kernel, params, args) static void name params { kernel args; }
 #endif
 
+SIMD_DISPATCH(fwht_all, fwht_kernel, (float *x, size_t d), (x, d))
 /* thc_fwht in two halves: fwht_low on every block of min(d, FWHT_BLOCK), then fwht_high. */
-static void fwht_low(float *x, size_t len)
-{
-#if CU_X86
-    if (cpu_has_avx2()) {
-        fwht_block_avx2(x, len);
-        return;
-    }
-#endif
-    fwht_block(x, len);
-}
-
-static void fwht_high(float *x, size_t d)
-{
-#if CU_X86
-    if (cpu_has_avx2()) {
-        fwht_upper_avx2(x, d);
-        return;
-    }
-#endif
-    fwht_upper_levels(x, d);
-}
+SIMD_DISPATCH(fwht_low, fwht_block, (float *x, size_t len), (x, len))
+SIMD_DISPATCH(fwht_high, fwht_upper_levels, (float *x, size_t d), (x, d))
 
 int thc_fwht(float *x, size_t d)
 {
     if (!is_pow2(d) || x == NULL)
         return THC_E_ARG;
-#if CU_X86
-    if (cpu_has_avx2()) {   /* the same adds in the same order, wider: the same bits */
-        fwht_avx2(x, d);
-        return THC_OK;
-    }
-#endif
-    fwht_kernel(x, d);
+    fwht_all(x, d);
     return THC_OK;
 }
 
@@ -271,6 +247,19 @@ static float inv_sqrt_dim(size_t d)
     return s;
 }
 
+/* o[i] = v[i] * s with its sign flipped where bit i of b is 1, i < m <= 32 (exact flips;
+ * branch-free: vector shifts where the CPU has them). */
+static inline __attribute__((always_inline)) void scale_flip(float *o, const float *v, size_t m, uint32_t b, float s)
+{
+    for (uint32_t i = 0; i < m; i++) {
+        float f = v[i] * s;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u ^= (b >> i) << 31;
+        memcpy(&o[i], &u, 4);
+    }
+}
+
 /* dst[0..m) = src[0..m) with the signs of D (seed) from position `at` (a multiple of 64), scaled by
  * s first (scale, then flip: thc_irht's order; s = 1 changes no float); src may be dst. Each
  * 32-bit half of a word shifted by the lane's position: vector shifts where the CPU has them. */
@@ -283,37 +272,13 @@ static inline __attribute__((always_inline)) void signs_kernel(float *dst, const
         for (size_t h = 0; h * 32 < end; h++) {
             uint32_t b = (uint32_t)(bits >> (32 * h));
             size_t e = end - h * 32 < 32 ? end - h * 32 : 32;
-            const float *v = src + w * 64 + h * 32;
-            float *o = dst + w * 64 + h * 32;
-            for (uint32_t i = 0; i < e; i++) { /* exact: flips the sign bit; branch-free */
-                float f = v[i] * s;
-                uint32_t u;
-                memcpy(&u, &f, 4);
-                u ^= (b >> i) << 31;
-                memcpy(&o[i], &u, 4);
-            }
+            scale_flip(dst + w * 64 + h * 32, src + w * 64 + h * 32, e, b, s);
         }
     }
 }
 
-#if CU_X86
-__attribute__((target("avx2"))) static void signs_avx2(float *dst, const float *src, size_t m, size_t at,
-                                                       uint64_t seed, float s)
-{
-    signs_kernel(dst, src, m, at, seed, s);
-}
-#endif
-
-static void signs_copy(float *dst, const float *src, size_t m, size_t at, uint64_t seed, float s)
-{
-#if CU_X86
-    if (cpu_has_avx2()) {
-        signs_avx2(dst, src, m, at, seed, s);
-        return;
-    }
-#endif
-    signs_kernel(dst, src, m, at, seed, s);
-}
+SIMD_DISPATCH(signs_copy, signs_kernel, (float *dst, const float *src, size_t m, size_t at, uint64_t seed, float s),
+              (dst, src, m, at, seed, s))
 
 static void scale(float *x, size_t d, float s)
 {
@@ -363,26 +328,13 @@ static inline __attribute__((always_inline)) void upper_out_kernel(float *x, siz
                 continue;
             size_t m = n - at < FWHT_STRIP ? n - at : FWHT_STRIP;
             uint32_t b = (uint32_t)(thc_random_word(seed, at / 64) >> (at % 64)); /* FWHT_STRIP <= 32 bits */
-            const float *v = t + k * FWHT_STRIP;
-            float *o = out + at;
-            for (uint32_t i = 0; i < m; i++) {
-                float f = v[i] * s;
-                uint32_t u;
-                memcpy(&u, &f, 4);
-                u ^= (b >> i) << 31;
-                memcpy(&o[i], &u, 4);
-            }
+            scale_flip(out + at, t + k * FWHT_STRIP, m, b, s);
         }
     }
 }
 
-#if CU_X86
-__attribute__((target("avx2"))) static void upper_out_avx2(float *x, size_t d, uint64_t seed, float s, float *out,
-                                                           size_t n)
-{
-    upper_out_kernel(x, d, seed, s, out, n);
-}
-#endif
+SIMD_DISPATCH(upper_out, upper_out_kernel, (float *x, size_t d, uint64_t seed, float s, float *out, size_t n),
+              (x, d, seed, s, out, n))
 
 int thc_unrotate(float *work, size_t d, uint64_t seed, float *out, size_t n)
 {
@@ -396,13 +348,7 @@ int thc_unrotate(float *work, size_t d, uint64_t seed, float *out, size_t n)
     }
     for (size_t b = 0; b < d; b += FWHT_BLOCK)
         fwht_low(work + b, FWHT_BLOCK);
-#if CU_X86
-    if (cpu_has_avx2()) {
-        upper_out_avx2(work, d, seed, inv_sqrt_dim(d), out, n);
-        return THC_OK;
-    }
-#endif
-    upper_out_kernel(work, d, seed, inv_sqrt_dim(d), out, n);
+    upper_out(work, d, seed, inv_sqrt_dim(d), out, n);
     return THC_OK;
 }
 
@@ -706,16 +652,23 @@ __attribute__((target("avx2"))) static int quantize_avx2(float *r, size_t d, flo
 }
 #endif
 
+/* The table and the range M for d padded values, as thc_encode checks them. */
+static int check_quantizer(const uint8_t *table, int bits, int g, float range, size_t d)
+{
+    int t = thc_check_table(table, bits, g);
+    if (t != THC_OK)
+        return t;
+    return range_ok(range, d) ? THC_OK : THC_E_NONFINITE;
+}
+
 int thc_quantize(float *r, size_t d, float scale, float range, uint64_t noise_seed, int bits, int g,
                  const uint8_t *table, uint8_t *z)
 {
     if (!is_pow2(d) || r == NULL || z == NULL)
         return THC_E_ARG;
-    int t = thc_check_table(table, bits, g);
+    int t = check_quantizer(table, bits, g, range, d);
     if (t != THC_OK)
         return t;
-    if (!range_ok(range, d))
-        return THC_E_NONFINITE;
     struct quant q;
     memset(&q, 0, sizeof q);
     quant_init(&q, range, bits, g, table);
@@ -748,11 +701,9 @@ ptrdiff_t thc_pack_indices(const uint8_t *z, size_t d, float range, uint64_t rot
 {
     if (!is_pow2(d) || d > ((size_t)1 << THC_MAX_LOG2_DIM) || z == NULL || out == NULL)
         return THC_E_ARG;
-    int t = thc_check_table(table, bits, g);
+    int t = check_quantizer(table, bits, g, range, d);
     if (t != THC_OK)
         return t;
-    if (!range_ok(range, d))
-        return THC_E_NONFINITE;
     size_t levels = (size_t)1 << bits, need = thc_blob_size(d, bits, bits);
     if (cap < need)
         return THC_E_SPACE;
