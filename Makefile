@@ -129,6 +129,12 @@ build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_
 	@mkdir -p build
 	$(CC) -O3 -std=gnu11 -ffp-contract=off -Icodecs_c $< $(CODEC_SRC) -lm -o $@
 
+# THC's homomorphic ring in the engine, timed (thread CPU per call and rank, no Python):
+# ./build/bench_thc_ring [ranks] [n] [calls]
+build/bench_thc_ring: codecs_c/tests/bench_thc_ring.c collective/ring_engine.c collective/ring_codecs.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	$(CC) -O3 -std=gnu11 -fno-strict-aliasing -ffp-contract=off -DRE_STATS_CLOCK=CLOCK_THREAD_CPUTIME_ID -Icodecs_c -Icollective -pthread $< collective/ring_engine.c collective/ring_codecs.c $(CODEC_SRC) -lm -o $@
+
 # The soft NIC as a systemd service, installed the way daemons are: a self-contained venv under
 # /opt/inceptionn built from the system python (never this checkout's .venv, which may sit under
 # /root or /home where the unit's ProtectHome hides it), the package itself (no editable link, core

@@ -303,6 +303,77 @@ def speed(rows: list[Row], g: Gradients, blobs: dict, rounds: int, seed: int) ->
 
 # --- training accuracy ----------------------------------------------------------------------------------
 
+def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = WORKERS) -> dict | None:
+    """THC's codec time per call in the ring engine (collective/ring_engine.c, the C Group.allreduce
+    runs, summed without decoding, error feedback on): ``ranks`` ranks as threads over socket pairs
+    on this host, each allreducing one capture (rank r: capture k + r) per call, the whole gradient
+    one block per rank as Group runs THC. Per call and rank: the thread CPU seconds of the whole call
+    and the engine's codec + sum seconds (wall, struct re_stats); medians over ranks and calls, with
+    [min-max]; and the NMSE of the result against the exact sum."""
+    import socket
+    import threading
+    import time
+
+    from ..codecs import applicable, get_codec
+    from ..collective._engine import ffi, lib
+    from ..collective.engine import _thc_state
+
+    row = next((r for r in rows if r.codec == "thc" and r.ef), None)
+    if row is None:
+        return None
+    n = g.params
+    cpu, codec_s, err2, sig2 = [], [], 0.0, 0.0
+    for call in range(calls):
+        xs = [g.grads[(call + r) % len(g.grads)].astype(np.float32) for r in range(ranks)]
+        # one rotation for every rank (the codec's seed, the call as its round), each its own noise
+        codecs = [get_codec(row.codec, **{**applicable(row.codec, seed=seed, noise_seed=seed + 1000 * call + r),
+                                          **row.params}) for r in range(ranks)]
+        shared = max(c.local_stat(x) for c, x in zip(codecs, xs))
+        for c in codecs:
+            c.agree(shared, call)
+        pairs = [socket.socketpair() for _ in range(ranks)]
+        keep, results = [], [None] * ranks
+
+        def rank(r):
+            c = ffi.new("struct re_codec *")
+            state = _thc_state(codecs[r], ranks)
+            lib.re_codec_thc(c, state)
+            ring = ffi.new("struct re_ring *")
+            ring.rank, ring.size, ring.chunk, ring.timeout_ms = r, ranks, n, 600_000
+            ring.send_fd, ring.recv_fd = pairs[r][0].fileno(), pairs[(r - 1) % ranks][1].fileno()
+            ring.tp, ring.codec = lib.re_transport_named(b"app"), c
+            x, lost = xs[r].copy(), np.zeros(n, np.float32)
+            stats, err = ffi.new("struct re_stats *"), ffi.new("char[256]")
+            keep.append((c, state, ring))
+            t0 = time.thread_time()
+            st = lib.re_allreduce(ring, ffi.cast("float *", ffi.from_buffer(x)), n,
+                                  ffi.cast("float *", ffi.from_buffer(lost)), stats, err, len(err))
+            results[r] = (st, time.thread_time() - t0, stats.codec_seconds + stats.sum_seconds, x,
+                          ffi.string(err).decode(errors="replace"))
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for a, b in pairs:
+            a.close()
+            b.close()
+        for st, c_cpu, c_codec, _, msg in results:
+            if st != 0:
+                raise RuntimeError(f"THC ring: {msg}")
+            cpu.append(c_cpu)
+            codec_s.append(c_codec)
+        exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+        err2 += float(np.sum((results[0][3] - exact) ** 2))
+        sig2 += float(np.sum(exact ** 2))
+
+    def spread(v):
+        return {"median": float(np.median(v)), "min": float(np.min(v)), "max": float(np.max(v))}
+    return {"row": row.id, "ranks": ranks, "values": n, "calls": calls, "call_cpu_seconds": spread(cpu),
+            "codec_seconds": spread(codec_s), "nmse": _nmse(err2, sig2)}
+
+
 def train_configs(rows: list[Row], args) -> tuple[list, dict]:
     """One TrainConfig per distinct run: the uncompressed baseline first, then every selected row
     the training worker can run (it builds each codec with its defaults, which are the paper
@@ -385,6 +456,10 @@ def run(args) -> int:
         qual[row.id], blobs[row.id] = quality(row, g, args.seed)
     times = speed(rows, g, blobs, args.rounds, args.seed)
     blobs.clear()
+    ring = None
+    if any(r.codec == "thc" and r.ef for r in rows):
+        log(f"THC in the ring engine: {WORKERS} ranks on this host, {args.rounds} calls ...")
+        ring = thc_ring(rows, g, args.rounds, args.seed)
     train = training(rows, args) if args.train_epochs else None
     report = {
         "gradients": {"dataset": g.dataset, "captures": len(g.grads), "params": g.params, "values": g.values,
@@ -393,6 +468,7 @@ def run(args) -> int:
         "load_average": list(load0), "load_average_end": list(os.getloadavg()),
         "block": int(g.bs.block),
         "rows": build_rows(rows, qual, times, train),
+        "thc_ring": ring,
         "training": train,
     }
     if args.json:

@@ -138,6 +138,50 @@ int thc_decode_rotated(const uint8_t *in, size_t len, size_t n, float *work, siz
 ptrdiff_t thc_sum(const uint8_t *const *blobs, const size_t *lens, size_t count, size_t n, int width,
                   uint8_t *out, size_t cap, size_t *err_at);
 
+/*
+ * The ring's fast path (collective/ring_codecs.c): a worker's stream built in pieces, never
+ * decoded back.
+ *
+ * thc_rotate_unscaled: work[0..d) = H D [in, 0, ...] (d a power of two >= n), thc_rht without its
+ * final 1/sqrt(d), which thc_quantize applies (scale = thc_rht_scale(d)): the same floats as
+ * thc_rht of the zero-padded input, one pass fewer. thc_unrotate: out[0..n) = the first n values of
+ * thc_irht(work) (work is clobbered), its scale and signs applied while copying out.
+ *
+ * thc_quantize: r[i] * scale (scale 1: r[i]) is coordinate i of the rotated, zero-padded vector
+ * (thc_rht, not clamped), d a power of two; z[i] gets the table index thc_encode writes for it (the
+ * same clamp, the same noise thc_random_word(noise_seed, i), the same comparison), and r[i]
+ * becomes r[i] * scale - v(z[i]), v the value thc_decode_rotated gives that index in a one-worker
+ * blob: the rounding residual in the rotated domain, whose inverse transform is
+ * x - thc_decode(the stream) up to float rounding. THC_E_NONFINITE when a coordinate is not
+ * finite (z and r are then written anyway).
+ */
+float thc_rht_scale(size_t d);
+int thc_rotate_unscaled(const float *in, size_t n, size_t d, uint64_t seed, float *work);
+int thc_unrotate(float *work, size_t d, uint64_t seed, float *out, size_t n);
+int thc_quantize(float *r, size_t d, float scale, float range, uint64_t noise_seed, int bits, int g,
+                 const uint8_t *table, uint8_t *z);
+
+/* z[0..d) (indices < 2^bits) as the kind-0 blob thc_encode would write: thc_blob_size(d, bits, bits)
+ * bytes, or a status. */
+ptrdiff_t thc_pack_indices(const uint8_t *z, size_t d, float range, uint64_t rot_seed, int bits, int g,
+                           const uint8_t *table, uint8_t *out, size_t cap);
+
+/*
+ * The homomorphic add of one worker's indices z[0..d) (< 2^b of the blob's b) to a received blob
+ * of either kind (checked as thc_sum checks it: header, length, every sum <= count * g, padding
+ * bits), in one pass, without a blob of z: a kind-1 blob of count + 1 contributions, width-bit
+ * elements (8, 16 or 32; THC_E_OVERFLOW when (count + 1) * g does not fit), the parameters and
+ * table of `in`. The same bytes as thc_sum of `in` and thc_pack_indices(z) at that width. Returns
+ * the bytes written or a status; *err_at gets the byte offset of a fault in `in`. out must not
+ * overlap in.
+ */
+ptrdiff_t thc_add_indices(const uint8_t *in, size_t len, const uint8_t *z, size_t d, int width, uint8_t *out,
+                          size_t cap, size_t *err_at);
+
+/* The SUM of a blob's contributions in the rotated domain: thc_decode_rotated's mean times the
+ * count as a float32 multiply (exact for a count that is a power of two), same checks. */
+int thc_decode_rotated_sum(const uint8_t *in, size_t len, size_t n, float *work, size_t *err_at);
+
 const char *thc_strerror(int status);
 
 #ifdef __cplusplus

@@ -47,21 +47,49 @@ static size_t thc_max_size(const struct re_codec *c, size_t n)
     return w ? thc_blob_size(n, s->bits, w) : 0;
 }
 
+/* The state's scratch for padded length d: work (d floats) and index (d bytes), kept for the call
+ * (grown when a longer block comes; re_thc_release frees them). NULL when out of memory. */
+static float *thc_scratch(struct re_thc *s, size_t d)
+{
+    if (s->work_dim < d || !s->work || !s->index) {
+        re_thc_release(s);
+        s->work = malloc(d * sizeof(float));
+        s->index = malloc(d);
+        if (!s->work || !s->index) {
+            re_thc_release(s);
+            return NULL;
+        }
+        s->work_dim = d;
+    }
+    return s->work;
+}
+
+void re_thc_release(struct re_thc *s)
+{
+    free(s->work);
+    free(s->index);
+    s->work = NULL;
+    s->index = NULL;
+    s->work_dim = 0;
+}
+
+static void thc_release(const struct re_codec *c)
+{
+    re_thc_release(c->state);
+}
+
 static ptrdiff_t thc_enc(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
 {
     struct re_thc *s = c->state;
     size_t d = thc_padded_dim(n);
     if (d == 0)
         return THC_E_ARG;
-    float *work = malloc(d * sizeof(float));
+    float *work = thc_scratch(s, d);
     if (!work)
         return THC_E_ARG;
     /* every encode of the call rounds with its own noise (thc.py draws one seed per encode) */
     uint64_t noise = thc_random_word(s->noise_seed, s->encodes++);
-    ptrdiff_t got = thc_encode(x, n, thc_range(s, n), s->rot_seed, noise, s->bits, s->granularity, s->table, work,
-                               out, cap);
-    free(work);
-    return got;
+    return thc_encode(x, n, thc_range(s, n), s->rot_seed, noise, s->bits, s->granularity, s->table, work, out, cap);
 }
 
 /* A received stream's header, checked, and that it carries this call's parameters. */
@@ -93,25 +121,17 @@ static int thc_count(const struct re_codec *c, const uint8_t *in, size_t len, si
  * the count (one float32 multiply, exact for a count that is a power of two), inverse-rotated. */
 static int thc_dec(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
 {
-    const struct re_thc *s = c->state;
+    struct re_thc *s = c->state;
     struct thc_info info;
     int st = thc_expect(s, in, len, n, &info);
     if (st)
         return st;
     size_t d = thc_padded_dim(n);
-    float *work = malloc(d * sizeof(float));
+    float *work = thc_scratch(s, d);
     if (!work)
         return THC_E_ARG;
-    if ((st = thc_decode_rotated(in, len, n, work, NULL)) == THC_OK) {
-        if (info.count != 1) {
-            float k = (float)info.count;
-            for (size_t i = 0; i < d; i++)
-                work[i] *= k;
-        }
-        thc_irht(work, d, info.seed);
-        memcpy(out, work, n * sizeof(float));
-    }
-    free(work);
+    if ((st = thc_decode_rotated_sum(in, len, n, work, NULL)) == THC_OK)
+        thc_unrotate(work, d, info.seed, out, n);
     return st;
 }
 
@@ -133,11 +153,50 @@ static ptrdiff_t thc_add(const struct re_codec *c, const uint8_t *a, size_t alen
     return thc_sum(blobs, lens, 2, n, w, out, cap, NULL);
 }
 
+/* A hop in one pass: rotate x once, quantize it to indices (the noise of this encode, as thc_enc),
+ * then either pack them (a == NULL: the SEND) or add their table values to the received stream a
+ * (checked against this call) in the narrowest width; no stream of x is built or decoded. Error
+ * feedback's residual x - decode(own stream) is the inverse transform of the rotated residual
+ * thc_quantize leaves (R^-1 (Rx - q); the same up to float rounding). */
+static ptrdiff_t thc_enc_sum(const struct re_codec *c, const float *x, size_t n, const uint8_t *a, size_t alen,
+                             float *lost, uint8_t *out, size_t cap)
+{
+    struct re_thc *s = c->state;
+    size_t d = thc_padded_dim(n);
+    if (d == 0 || (n > 0 && !x))
+        return THC_E_ARG;
+    struct thc_info ia;
+    int w = s->bits, st;
+    if (a) {
+        if ((st = thc_expect(s, a, alen, n, &ia)))
+            return st;
+        if (!(w = thc_width(s, (uint64_t)ia.count + 1)))
+            return THC_E_OVERFLOW;
+    }
+    if (cap < thc_blob_size(n, s->bits, w))
+        return THC_E_SPACE;
+    float *work = thc_scratch(s, d);
+    if (!work)
+        return THC_E_ARG;
+    /* a non-finite x[i] makes rotated values non-finite (inf and NaN never sum to a finite float),
+     * which thc_quantize refuses as thc_encode does */
+    thc_rotate_unscaled(x, n, d, s->rot_seed, work);       /* thc_rht, its 1/sqrt(d) left to thc_quantize */
+    float range = thc_range(s, n);
+    uint64_t noise = thc_random_word(s->noise_seed, s->encodes++);
+    if ((st = thc_quantize(work, d, thc_rht_scale(d), range, noise, s->bits, s->granularity, s->table, s->index)))
+        return st;
+    ptrdiff_t got = a ? thc_add_indices(a, alen, s->index, d, w, out, cap, NULL)
+                      : thc_pack_indices(s->index, d, range, s->rot_seed, s->bits, s->granularity, s->table, out, cap);
+    if (got >= 0 && lost)
+        thc_unrotate(work, d, s->rot_seed, lost, n);
+    return got;
+}
+
 void re_codec_thc(struct re_codec *c, struct re_thc *s)
 {
     *c = (struct re_codec){.name = "thc", .state = s, .max_encoded_size = thc_max_size, .encode = thc_enc,
                            .decode = thc_dec, .sum_encoded = thc_add, .count_encoded = thc_count,
-                           .strerror = thc_strerror};
+                           .encode_sum = thc_enc_sum, .release = thc_release, .strerror = thc_strerror};
 }
 
 /* --- 3LC ---------------------------------------------------------------------------------------- */

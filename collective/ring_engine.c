@@ -106,10 +106,16 @@ struct call {
     size_t errcap;
 };
 
+/* The clock of the stats' codec and sum seconds: wall time; a benchmark may build with
+ * -DRE_STATS_CLOCK=CLOCK_THREAD_CPUTIME_ID for the loop thread's CPU time instead. */
+#ifndef RE_STATS_CLOCK
+#define RE_STATS_CLOCK CLOCK_MONOTONIC
+#endif
+
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(RE_STATS_CLOCK, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -361,17 +367,24 @@ static int on_received_encoded(struct call *c, struct bufs *B, size_t ri, size_t
     }
     if (it.prim != RECV_REDUCE_SEND && it.prim != RECV_REDUCE_COPY_SEND)
         return fail(c, RE_E_ARG, "a send item in the receive list");
-    size_t olen;      /* this rank's own stream, framed; lost gets its decode, then sent - decoded */
-    if ((st = encode_payload(c, xa, m, lost ? lost + it.a : NULL, B->wbuf, B->obuf, &olen)))
-        return st;
-    if (lost)
-        record_lost(lost + it.a, xa, lost + it.a, m);
     struct payload *p = &B->keep[ri];
     if (!(p->buf = malloc(cap)))
         return fail(c, RE_E_NOMEM, "out of memory");
-    double t0 = now();
-    ptrdiff_t got = k->sum_encoded(k, B->rbuf + 4, len - 4, B->obuf + 4, olen - 4, m, p->buf + 4, cap - 4);
-    c->st.sum_seconds += now() - t0;
+    ptrdiff_t got;
+    if (k->encode_sum) {     /* encode and add in one pass; lost gets sent - decoded (codec time) */
+        double t0 = now();
+        got = k->encode_sum(k, xa, m, B->rbuf + 4, len - 4, lost ? lost + it.a : NULL, p->buf + 4, cap - 4);
+        c->st.codec_seconds += now() - t0;
+    } else {
+        size_t olen;      /* this rank's own stream, framed; lost gets its decode, then sent - decoded */
+        if ((st = encode_payload(c, xa, m, lost ? lost + it.a : NULL, B->wbuf, B->obuf, &olen)))
+            return st;
+        if (lost)
+            record_lost(lost + it.a, xa, lost + it.a, m);
+        double t0 = now();
+        got = k->sum_encoded(k, B->rbuf + 4, len - 4, B->obuf + 4, olen - 4, m, p->buf + 4, cap - 4);
+        c->st.sum_seconds += now() - t0;
+    }
     if (got < 0)
         return fail(c, RE_E_DATA, "the partial sum from the left neighbour does not add: %s", k->strerror((int)got));
     uint32_t l = (uint32_t)got;
@@ -441,8 +454,9 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
     B->wbuf = malloc(wmax * sizeof(float));     /* wire floats being built or decoded */
     B->sbuf = malloc(pmax);                     /* the outgoing payload of a SEND or RECV_REDUCE_SEND */
     B->rbuf = malloc(pmax);                     /* the incoming payload */
-    B->obuf = homomorphic(r) ? malloc(pmax) : NULL;     /* this rank's own stream, to add */
-    if (!B->sends || !B->recvs || !B->tmp || !B->wbuf || !B->sbuf || !B->rbuf || (homomorphic(r) && !B->obuf))
+    const int own = homomorphic(r) && !r->codec->encode_sum;
+    B->obuf = own ? malloc(pmax) : NULL;        /* this rank's own stream, to add */
+    if (!B->sends || !B->recvs || !B->tmp || !B->wbuf || !B->sbuf || !B->rbuf || (own && !B->obuf))
         return fail(c, RE_E_NOMEM, "out of memory");
     list_items(B->ops, nops, n, N, chunk, B->sends, &ns, B->recvs, &nr);
     B->keep = calloc(nr ? nr : 1, sizeof *B->keep);
@@ -463,11 +477,24 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
             struct item it = B->sends[si];
             if (it.prim == SEND || (it.prim == RECV_REDUCE_SEND && !homomorphic(r))) {
                 size_t m = it.b - it.a;
-                /* the decode of what goes out lands in lost, then becomes sent - decoded */
-                if ((st = encode_payload(c, x + it.a, m, lost ? lost + it.a : NULL, B->wbuf, B->sbuf, &sleft)))
-                    return st;
-                if (lost)
-                    record_lost(lost + it.a, x + it.a, lost + it.a, m);
+                if (homomorphic(r) && r->codec->encode_sum) {   /* lost gets sent - decoded directly */
+                    double t0 = now();
+                    ptrdiff_t got = r->codec->encode_sum(r->codec, x + it.a, m, NULL, 0, lost ? lost + it.a : NULL,
+                                                         B->sbuf + 4, tp->payload_cap(r->codec, m) - 4);
+                    c->st.codec_seconds += now() - t0;
+                    if (got < 0)
+                        return fail(c, RE_E_CODEC, "%s", r->codec->strerror((int)got));
+                    uint32_t l = (uint32_t)got;
+                    B->sbuf[0] = l & 0xff, B->sbuf[1] = (l >> 8) & 0xff, B->sbuf[2] = (l >> 16) & 0xff;
+                    B->sbuf[3] = l >> 24;
+                    sleft = 4 + (size_t)got;
+                } else {
+                    /* the decode of what goes out lands in lost, then becomes sent - decoded */
+                    if ((st = encode_payload(c, x + it.a, m, lost ? lost + it.a : NULL, B->wbuf, B->sbuf, &sleft)))
+                        return st;
+                    if (lost)
+                        record_lost(lost + it.a, x + it.a, lost + it.a, m);
+                }
                 sp = B->sbuf;
             } else {
                 sp = B->keep[si - first].buf;
@@ -558,7 +585,8 @@ int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struc
         (!r->tp->exact && (!r->codec || !r->codec->strerror ||
                            (!r->tp->pack && !r->codec->scaled && !r->codec->reconstruct) ||
                            (r->tp->pack && (!r->codec->encode || !r->codec->decode || !r->codec->max_encoded_size)) ||
-                           (r->codec->sum_encoded && !r->codec->count_encoded))) ||
+                           (r->codec->sum_encoded && !r->codec->count_encoded) ||
+                           (r->codec->encode_sum && !r->codec->sum_encoded))) ||
         (lost && r->tp->exact) || (n && !x))
         return fail(&c, RE_E_ARG, "bad arguments (ranks, chunk, transport, codec, or error feedback with exact "
                     "floats)");
@@ -570,12 +598,17 @@ int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struc
     struct bufs B = {0};
     int st = run(&c, &B, x, n, lost);
     free_bufs(&B);
+    if (!r->tp->exact && r->codec->release)     /* the codec's scratch of this call */
+        r->codec->release(r->codec);
     if (stats)
         *stats = c.st;
     if (st == RE_OK && lost)
-        for (size_t i = 0; i < n; i++)      /* inf - inf where a rank had inf or NaN: never carried on */
-            if (!isfinite(lost[i]))
-                lost[i] = 0;
+        for (size_t i = 0; i < n; i++) {    /* inf - inf where a rank had inf or NaN: never carried on */
+            uint32_t u;                      /* (on the bits, branch-free: the loop vectorizes) */
+            memcpy(&u, &lost[i], 4);
+            u = (u & 0x7F800000u) == 0x7F800000u ? 0u : u;
+            memcpy(&lost[i], &u, 4);
+        }
     return st;
 }
 

@@ -193,6 +193,59 @@ def test_c_and_numpy_bit_identical(n, params):
     np.testing.assert_array_equal(c.decode_sum(s, n).view(np.uint32), r.decode_sum(s, n).view(np.uint32))
 
 
+@pytest.mark.parametrize("n", [1, 3, 1000, 4097, 250_000])
+@pytest.mark.parametrize("params", [dict(), dict(bits=2, table="uniform"), dict(bits=8, granularity=255,
+                                                                             table="uniform")])
+def test_ring_fast_path_writes_what_encode_sum_and_decode_write(n, params):
+    """The ring's one-pass hop (collective/ring_codecs.c): thc_rotate_unscaled + thc_quantize +
+    thc_pack_indices write thc_encode's blob; thc_add_indices writes thc_sum's bytes of a received
+    blob plus those indices; thc_decode_rotated_sum is the rotated mean times the count, and
+    thc_unrotate the first n values of thc_irht; the rounding residual left by thc_quantize, inverse-
+    rotated, is x - decode(blob) up to float rounding. SIMD and portable paths alike."""
+    from inceptionn.codecs._native import ffi, lib
+    rng = np.random.default_rng(n)
+    x, other = grads(rng, n), grads(rng, n)
+    c = get_codec("thc", impl="c", **params)
+    M = c.range_for(float(np.linalg.norm(x)), n)
+    blob = c.encode_with(x, M, 99, 4242)
+    d = ref.padded_dim(n)
+    f = lambda a: ffi.cast("float *", ffi.from_buffer(a))      # noqa: E731
+    u = lambda a: ffi.cast("uint8_t *", ffi.from_buffer(a))    # noqa: E731
+    work, z = np.empty(d, np.float32), np.empty(d, np.uint8)
+    table = ffi.new("uint8_t[]", list(c.table))
+    assert lib.thc_rotate_unscaled(f(x), n, d, 99, f(work)) == 0
+    assert lib.thc_quantize(f(work), d, lib.thc_rht_scale(d), M, 4242, c.bits, c.granularity, table, u(z)) == 0
+    out = np.zeros(len(blob), np.uint8)
+    assert lib.thc_pack_indices(u(z), d, M, 99, c.bits, c.granularity, table, u(out), len(out)) == len(blob)
+    assert out.tobytes() == blob
+    resid = np.empty(n, np.float32)
+    assert lib.thc_unrotate(f(work), d, 99, f(resid), n) == 0
+    np.testing.assert_allclose(resid, x - c.decode(blob, n), rtol=0, atol=1e-6 * M * np.sqrt(d))
+    received = c.sum_encoded([c.encode_with(other, M, 99, 1), c.encode_with(x, M, 99, 2)], width=16)
+    for src, count in ((c.encode_with(other, M, 99, 1), 1), (received, 2)):
+        for width in (8, 16, 32):
+            if (count + 1) * c.granularity >= 1 << width:
+                continue
+            want = c.sum_encoded([src, blob], width=width)
+            got = np.zeros(len(want), np.uint8)
+            assert lib.thc_add_indices(src, len(src), u(z), d, width, u(got), len(got), ffi.NULL) == len(want)
+            assert got.tobytes() == want
+            rot = np.empty(d, np.float32)
+            assert lib.thc_decode_rotated_sum(want, len(want), n, f(rot), ffi.NULL) == 0
+            mean = c.decode_rotated(want, n)
+            np.testing.assert_array_equal(rot, mean * np.float32(count + 1))
+            full = rot.copy()
+            lib.thc_irht(f(full), d, 99)
+            part = rot.copy()
+            lib.thc_unrotate(f(part), d, 99, f(resid), n)
+            np.testing.assert_array_equal(resid.view(np.uint32), full[:n].view(np.uint32))
+    bad = z.copy()
+    bad[d // 2] = 1 << c.bits if c.bits < 8 else 0
+    if c.bits < 8:
+        got = np.zeros(len(blob) * 8, np.uint8)
+        assert lib.thc_add_indices(blob, len(blob), u(bad), d, 16, u(got), len(got), ffi.NULL) == lib.THC_E_ARG
+
+
 def test_same_noise_seed_same_bytes_through_the_full_api():
     x = grads(np.random.default_rng(5), 3000)
     a = get_codec("thc", noise_seed=7, impl="c").encode(x)
