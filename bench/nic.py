@@ -13,10 +13,10 @@ daemon counted. With --both the tagged stream runs per packet (nicd --no-gso) an
 nicd --gso on both hosts (docs/wire-format.md), side by side; for every mode the data packets
 that reached the receiver (an iptables counter on its wire side, before its daemon) are reported
 per MB of original payload.
-``--queues 1,2`` runs the --gso stream once per queue count (nicd --queues N on both hosts: N
-queue pairs, one thread each; the kernel's --queue-balance hashes addresses and protocol, not
-ports, so one host pair's flows all reach one queue: docs/perf.md) and ``--streams M`` sends M parallel streams
-in every transfer. Each daemon's CPU time (all its threads, from
+``--queues 1,2`` runs the --gso stream once per queue count in every round, in turn (nicd --queues N
+on both hosts: N queue pairs, one thread each; nicd's rules spread flows over them by a hash of
+addresses and ports, so one host pair's streams spread too, each on one queue: docs/perf.md) and
+``--streams M`` sends M parallel streams in every transfer. Each daemon's CPU time (all its threads, from
 /proc/<pid>/stat) is reported per GB of original payload at each end: what a host with cores of
 its own would pay, since here both ends share the machine's cores.
 """
@@ -147,7 +147,8 @@ def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float,
             f.wait()
 
 
-def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues, streams, rate_bps, label) -> dict:
+def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues, streams, rate_bps, label,
+                first_round=0) -> dict:
     """Rounds of the tagged stream with nicd --gso --queues ``queues`` on both hosts: goodput, wire
     packets, and each daemon's CPU (all its threads, /proc/<pid>/stat) per wall second and per GB."""
     res = {"queues": queues}
@@ -159,23 +160,51 @@ def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues,
             t0 = time.perf_counter()
             timed_transfer(h1, h2, path, reps, TOS_TAGGED, timeout, acc, "gso", streams)
             busy += time.perf_counter() - t0
-            log(f"{label} gso {queues} queue(s) round {r + 1}: soft NIC --gso {acc['gso_gbps'][-1]:.3f} Gbit/s")
+            log(f"{label} gso {queues} queue(s) round {first_round + r + 1}: soft NIC --gso {acc['gso_gbps'][-1]:.3f} Gbit/s, "
+                f"load {os.getloadavg()[0]:.1f}")
         cpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, cpu0)]
         g1, g2 = read_stats(socks[0]), read_stats(socks[1])
         per_queue = [q["counters"]["egress_packets"] for q in stats_queues(socks[0])]
     res["gbps"], res["packets"], res["bytes"] = acc["gso_gbps"], acc["gso_packets"], acc["gso_bytes"]
-    res["gbps_median"] = statistics.median(res["gbps"])
-    res["ratio"] = g1["egress_orig_bytes"] / max(1, g1["egress_wire_bytes"])
+    res["orig_bytes"], res["wire_bytes"] = g1["egress_orig_bytes"], g1["egress_wire_bytes"]
     res["super_packets"] = g1["gso_super_packets"]
     res["send_errors"] = g1["gso_send_errors"]
     res["drops"] = {k: v for k, v in g2.items() if k.startswith("drop_") and v}
     res["sender_queue_packets"] = per_queue  # how the streams spread over the sender's queues
-    res["sender_cpu"], res["receiver_cpu"] = (c / busy for c in cpu)
+    res["spread"] = [per_queue]  # ... per daemon start (merge_gso keeps each)
+    res["cpu_seconds"], res["busy_seconds"] = cpu, busy
+    res["load"] = [os.getloadavg()[0]]
+    return summarize_gso(res, rate_bps)
+
+
+def summarize_gso(res: dict, rate_bps) -> dict:
+    """The figures derived from a gso run's sums: median goodput, ratio, CPU per wall second and
+    per GB of original payload, share of the ideal."""
+    res["gbps_median"] = statistics.median(res["gbps"])
+    res["ratio"] = res["orig_bytes"] / max(1, res["wire_bytes"])
+    res["sender_cpu"], res["receiver_cpu"] = (c / res["busy_seconds"] for c in res["cpu_seconds"])
     # what a host with cores of its own pays: daemon CPU seconds per GB of original payload
-    res["sender_s_per_gb"], res["receiver_s_per_gb"] = (c / (res["bytes"] / 1e9) for c in cpu)
+    res["sender_s_per_gb"], res["receiver_s_per_gb"] = (c / (res["bytes"] / 1e9) for c in res["cpu_seconds"])
     if rate_bps:
         res["of_ideal"] = res["gbps_median"] / (rate_bps / 1e9 * res["ratio"])
     return res
+
+
+def merge_gso(runs: list[dict], rate_bps) -> dict:
+    """One gso queue count's rounds, each run with daemons of its own (measure_gso, 1 round),
+    as one result: lists joined, counts and CPU seconds summed."""
+    m = {"queues": runs[0]["queues"], "gbps": [], "spread": [], "load": [], "drops": {}}
+    for r in runs:
+        m["gbps"] += r["gbps"]
+        m["spread"] += r["spread"]
+        m["load"] += r["load"]
+        for k, v in r["drops"].items():
+            m["drops"][k] = m["drops"].get(k, 0) + v
+        for k in ("packets", "bytes", "orig_bytes", "wire_bytes", "super_packets", "send_errors", "busy_seconds"):
+            m[k] = m.get(k, 0) + r[k]
+        m["cpu_seconds"] = [a + b for a, b in zip(m.get("cpu_seconds", [0.0, 0.0]), r["cpu_seconds"])]
+    m["sender_queue_packets"] = [sum(col) for col in zip(*m["spread"])]
+    return summarize_gso(m, rate_bps)
 
 
 # The soft NIC's two codec modes, picked by the sender's mark (docs/wire-format.md, "Marks").
@@ -280,8 +309,14 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
         if modes:
             res["modes"] = measure_modes(h1, h2, socks, path, error_bound, timeout, workdir, label)
         if gso:
-            res["gso_runs"] = [measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, q, streams,
-                                           rate_bps, label) for q in queues]
+            # round by round, the queue counts in turn (daemons started afresh each time): on a
+            # shared machine the load moves between rounds, and so it hits every queue count alike
+            runs = {q: [] for q in queues}
+            for r in range(rounds):
+                for q in queues:
+                    runs[q].append(measure_gso(h1, h2, socks, path, reps, 1, error_bound, timeout, q, streams,
+                                               rate_bps, label, first_round=r))
+            res["gso_runs"] = [merge_gso(runs[q], rate_bps) for q in queues]
             first = res["gso_runs"][0]  # the figures of the first queue count, as before --queues
             res["gso_gbps"], res["gso_packets"], res["gso_bytes"] = first["gbps"], first["packets"], first["bytes"]
             res["gso"] = first["gbps_median"]
@@ -380,9 +415,11 @@ def print_gso_report(r: dict) -> None:
                   f"{100 * g['sender_cpu']:>6.0f}/{100 * g['receiver_cpu']:.0f}%"
                   f"{g['sender_s_per_gb']:>11.2f}/{g['receiver_s_per_gb']:.2f}"
                   f"{1e6 / (x['mtu'] - 52):>12.0f}{x['nic_packets_per_mb']:>11.0f}{per_mb:>7.0f}  "
-                  + "/".join(str(n) for n in g["sender_queue_packets"]))
-    print("q = queue pairs (threads) of each daemon (--queues); the kernel spreads flows over them by a hash of "
-          "addresses and protocol only, so one host pair's flows share one queue (docs/perf.md). "
+                  + ", ".join("/".join(str(n) for n in per_queue) for per_queue in g["spread"])
+                  + f"  (load {', '.join(f'{v:.1f}' for v in g['load'])})")
+    print("q = queue pairs (threads) of each daemon (--queues); nicd's rules spread flows over them by a hash of "
+          "addresses and ports, each flow on one queue (docs/perf.md); the queue counts run in turn, round by round, "
+          "each round with daemons of its own: packets per sender queue of each round, and the load average after it. "
           "pkt/MB = data packets from the sender counted on the receiver's interface (before its daemon) per MB "
           "of original payload; MSS = what the untagged stream takes on a real wire, one per MSS (a veth carries "
           "untagged super-packets whole, so they are not counted). CPU = each daemon's CPU time (all threads) / wall "
@@ -517,10 +554,11 @@ def add_arguments(p) -> None:
     path.add_argument("--both", action="store_true",
                       help="per packet first, then every link again with nicd --gso, side by side")
     p.add_argument("--queues", default="1", metavar="N[,N...]",
-                   help="with --both: run the --gso stream once per queue count, each daemon with --queues N "
-                   "(default 1)")
+                   help="with --both: run the --gso stream once per queue count in every round, in turn, each "
+                   "daemon with --queues N (default 1)")
     p.add_argument("--streams", type=int, default=1, metavar="M",
-                   help="parallel streams per transfer (default 1; all between the same two hosts, so on one queue)")
+                   help="parallel streams per transfer (default 1; all between the same two hosts: with --queues N "
+                   "nicd spreads them over its queues by a hash of their ports, each stream on one queue)")
     p.add_argument("--input", choices=["scaled", "raw"], default="scaled",
                    help="gradients as the collective sends them (scaled per 64K bucket, default) or raw; "
                    "raw also sends the stream once in each codec mode (paper's, per-packet scaled) and "

@@ -8,6 +8,10 @@ without ip6tables or without IPv6 in its kernel gets the IPv4 rules and one log 
 is not covered. A namespace that merely has disable_ipv6=1 still gets both: one sysctl write
 turns IPv6 on again, and the rules cost nothing meanwhile.
 
+With --queues N > 1 every queue rule below is N rules, one per queue, each also matching a cBPF
+hash of the packet's addresses and ports (flow_hash_program, FLOW_HASH), so one host pair's flows
+spread over the N queues and each flow keeps to one. No packet mark is read or written.
+
 Each instance's rules carry the comment ``inceptionn-nicd-<queue_base>`` (its first queue
 number, unique among the instances of a network namespace, since two processes cannot bind one
 queue), so an instance finds exactly its own rules in both families, also after a crash, and
@@ -52,6 +56,7 @@ Persistent (comment ``inceptionn-failclosed``), raw PREROUTING right after the q
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import shlex
@@ -188,6 +193,84 @@ LOOKS_COMPRESSED6 = _cbpf(
     *_tcp6_not_syn(0),       # 0-13
     *_SHIM_AT_PAYLOAD,       # 14-25
 )
+
+# --queues N > 1: which queue a flow's packets take. The kernel's own spreading (NFQUEUE
+# --queue-balance) hashes the two addresses and the protocol only (hash_v4, hash_v6 in
+# include/net/netfilter/nf_queue.h), so one host pair's flows all reached one queue; and xt_HMARK,
+# which does hash the ports, overwrites the whole packet mark (skb->mark = hash: no mask), which
+# policy routing, other tools and the gso raw send (it copies the original's mark) read. So each
+# queue rule is repeated per queue i with a cBPF match that hashes the packet's 4-tuple and
+# matches when the hash picks i: no mark is read or written. One flow's packets always pick the
+# same queue (the flow table's give-up bookkeeping and the FIN/RST close expect one thread to
+# see a flow's packets in order), the egress rules all hash the same way, and egress and ingress
+# each spread over their own queues (the hash is not symmetric; it need not be).
+# FLOW_HASH (flow_queue is the same in Python, for the tests): x = the XOR of the address words
+# (IPv4: 2, IPv6: 8, as loaded: big-endian) and the word (sport << 16 | dport); x ^= x >> 16;
+# i = ((x * FLOW_HASH_MUL mod 2^32) >> 16) mod N. A packet too short for its ports, or an IPv6
+# one with extension headers before TCP (nicd sends it raw or refuses it, with no flow state),
+# takes queue 0.
+FLOW_HASH_MUL = 0x9E3779B1  # 2^32 / the golden ratio, odd (Knuth's multiplicative hash)
+_LDW_ABS, _LDW_X, _XOR_X, _MUL_K, _MOD_K, _JGE_K = 0x20, 0x40, 0xAC, 0x24, 0x94, 0x35
+
+
+def flow_hash_program(i: int, n: int, family: int = 4) -> str:
+    """The cBPF match of queue i of n (see FLOW_HASH above), for iptables' `-m bpf --bytecode`."""
+    if not 0 <= i < n:
+        raise ValueError(f"queue {i} of {n}")
+    short = (_RET_K, 0, 0, int(i == 0))  # no ports to hash: queue 0
+    if family == 4:
+        head = (
+            (_LDX_IPHDR, 0, 0, 0),   # 0  X = IP header length
+            (_TXA, 0, 0, 0),         # 1
+            (_ADD_K, 0, 0, 4),       # 2
+            (_TAX, 0, 0, 0),         # 3  X = IP header + the two ports
+            (_LD_LEN, 0, 0, 0),      # 4
+            (_JGE_X, 1, 0, 0),       # 5  room for the ports? -> 7
+            short,                   # 6
+            (_LDX_IPHDR, 0, 0, 0),   # 7
+            (_LDW_X, 0, 0, 0),       # 8  A = sport << 16 | dport
+            (_TAX, 0, 0, 0),         # 9
+            (_LDW_ABS, 0, 0, 12), (_XOR_X, 0, 0, 0), (_TAX, 0, 0, 0),  # 10-12 ^= source address
+            (_LDW_ABS, 0, 0, 16), (_XOR_X, 0, 0, 0),                   # 13-14 ^= destination address
+        )
+    else:
+        head = (
+            (_LDB_ABS, 0, 0, 6),     # 0  A = next header
+            (_JEQ_K, 1, 0, IPPROTO_TCP),  # 1  TCP right after the header? -> 3
+            short,                   # 2  extension headers
+            (_LD_LEN, 0, 0, 0),      # 3
+            (_JGE_K, 1, 0, IPV6_HDR_LEN + 4),  # 4  room for the ports? -> 6
+            short,                   # 5
+            (_LDW_ABS, 0, 0, IPV6_HDR_LEN),  # 6  A = sport << 16 | dport
+            *[insn for off in range(8, 40, 4)  # 7-30 ^= each word of both addresses
+              for insn in ((_TAX, 0, 0, 0), (_LDW_ABS, 0, 0, off), (_XOR_X, 0, 0, 0))],
+        )
+    return _cbpf(
+        *head,
+        (_TAX, 0, 0, 0),             # +0 X = x
+        (_RSH_K, 0, 0, 16),          # +1
+        (_XOR_X, 0, 0, 0),           # +2 A = x ^ (x >> 16)
+        (_MUL_K, 0, 0, FLOW_HASH_MUL),  # +3
+        (_RSH_K, 0, 0, 16),          # +4
+        (_MOD_K, 0, 0, n),           # +5
+        (_JEQ_K, 0, 1, i),           # +6 this queue's? -> +7, else +8
+        (_RET_K, 0, 0, 1),           # +7
+        (_RET_K, 0, 0, 0),           # +8
+    )
+
+
+def flow_queue(saddr: str, daddr: str, sport: int, dport: int, n: int) -> int:
+    """Which of n queues (0-based) the rules send the TCP packets saddr:sport -> daddr:dport to:
+    FLOW_HASH in Python (addresses as text, IPv4 or IPv6)."""
+    x = (sport << 16) | dport
+    for addr in (saddr, daddr):
+        packed = ipaddress.ip_address(addr).packed
+        for off in range(0, len(packed), 4):
+            x ^= int.from_bytes(packed[off:off + 4], "big")
+    x ^= x >> 16
+    return (((x * FLOW_HASH_MUL) & 0xFFFFFFFF) >> 16) % n
+
+
 # Per family: (smallest queued packet, MAY_BE_COMPRESSED, LOOKS_COMPRESSED)
 _FAMILY_MATCH = {4: (MIN_QUEUED_LENGTH, MAY_BE_COMPRESSED, LOOKS_COMPRESSED),
                  6: (MIN_QUEUED_LENGTH6, MAY_BE_COMPRESSED6, LOOKS_COMPRESSED6)}
@@ -245,13 +328,17 @@ def families() -> tuple[int, ...]:
     return FAMILIES if ipv6_missing() is None else (4,)
 
 
-def _queue_target(queues: range, bypass: bool) -> list[str]:
-    target = ["-j", "NFQUEUE"]
+def _queue_target(queue: int, bypass: bool) -> list[str]:
+    return ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
+
+
+def _to_queues(table: str, args: list[str], queues: range, bypass: bool, family: int) -> list[tuple[str, list[str]]]:
+    """One queue rule per queue of ``queues``: the rule itself for one queue, else one copy per
+    queue i that also matches FLOW_HASH's i (flow_hash_program), so each flow has exactly one."""
     if len(queues) == 1:
-        target += ["--queue-num", str(queues[0])]
-    else:
-        target += ["--queue-balance", f"{queues[0]}:{queues[-1]}"]
-    return target + (["--queue-bypass"] if bypass else [])
+        return [(table, args + _queue_target(queues[0], bypass))]
+    return [(table, args + ["-m", "bpf", "--bytecode", flow_hash_program(i, len(queues), family)]
+             + _queue_target(q, bypass)) for i, q in enumerate(queues)]
 
 
 def _dscp(tos: int) -> list[str]:
@@ -274,24 +361,26 @@ def rule_specs(cfg: NicdConfig, family: int = 4) -> list[tuple[str, list[str]]]:
         out = ["POSTROUTING", "-o", ifname, "-p", "tcp"]
         inn = ["PREROUTING", "-i", ifname, "-p", "tcp"]
         marks = (cfg.tos, cfg.tos_scaled)  # the paper's codec, the scaled one: the mark picks it
+        queued = []  # (table, matches, queues, bypass), each spread over its queues below
         if cfg.accept_only:  # the same tagged packets through a queue each way, nothing else
-            specs += [("mangle", out + _dscp(m) + tag + _queue_target(cfg.egress_queues, True)) for m in marks]
-            specs += [("mangle", inn + _dscp(m) + tag + _queue_target(cfg.ingress_queues, True)) for m in marks]
-            continue
-        specs += [("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(m) + tag
-                   + _queue_target(cfg.egress_queues, True)) for m in marks]
-        specs += [("mangle", out + ["-m", "length", "--length", f"{min_length}:65535"] + _dscp(m) + tag
-                   + _queue_target(cfg.egress_queues, True)) for m in marks]
-        specs += [("mangle", out + ["!", "--tcp-flags", "FIN,RST", "NONE"] + _dscp(m) + tag
-                   + _queue_target(cfg.egress_queues, True)) for m in marks]
-        specs += [
-            ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"] + tag + _queue_target(cfg.egress_queues, True)),
-            ("raw", _compressed(cfg, ifname, family) + tag + _queue_target(cfg.ingress_queues, False)),
-            ("raw", inn + ["-m", "dscp", "!", "--dscp", str(cfg.tos_compressed >> 2), "-m", "bpf", "--bytecode",
-                           looks_compressed] + tag + _queue_target(cfg.ingress_queues, True)),
-            ("mangle", inn + ["--tcp-flags", "SYN", "SYN"] + _dscp(cfg.tos_hello) + tag
-             + _queue_target(cfg.ingress_queues, True)),
-        ]
+            queued += [("mangle", out + _dscp(m), cfg.egress_queues, True) for m in marks]
+            queued += [("mangle", inn + _dscp(m), cfg.ingress_queues, True) for m in marks]
+        else:
+            queued += [("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN"] + _dscp(m), cfg.egress_queues, True)
+                      for m in marks]
+            queued += [("mangle", out + ["-m", "length", "--length", f"{min_length}:65535"] + _dscp(m),
+                       cfg.egress_queues, True) for m in marks]
+            queued += [("mangle", out + ["!", "--tcp-flags", "FIN,RST", "NONE"] + _dscp(m), cfg.egress_queues, True)
+                      for m in marks]
+            queued += [
+                ("mangle", out + ["--tcp-flags", "SYN,ACK", "SYN,ACK"], cfg.egress_queues, True),
+                ("raw", _compressed(cfg, ifname, family), cfg.ingress_queues, False),
+                ("raw", inn + ["-m", "dscp", "!", "--dscp", str(cfg.tos_compressed >> 2), "-m", "bpf", "--bytecode",
+                               looks_compressed], cfg.ingress_queues, True),
+                ("mangle", inn + ["--tcp-flags", "SYN", "SYN"] + _dscp(cfg.tos_hello), cfg.ingress_queues, True),
+            ]
+        for table, match, queues, bypass in queued:
+            specs += _to_queues(table, match + tag, queues, bypass, family)
     return specs
 
 

@@ -36,7 +36,8 @@ SETTINGS = (
             stats=True),
     Setting("error_bound", -10, "int", f"error bound 2^K, K from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX}", "K",
             ERROR_BOUND_MIN, ERROR_BOUND_MAX, reload=True, stats=True, c_field="error_bound"),
-    Setting("queues", 1, "int", "queue pairs, one thread each", "N", 1, 64, stats=True),
+    Setting("queues", 1, "int", "queue pairs, one thread each; the rules spread flows over them by a hash of "
+            "addresses and ports (one host pair's flows too; each flow keeps to one queue)", "N", 1, 64, stats=True),
     Setting("queue_base", contract.QUEUE_BASE, "int",
             "first NFQUEUE number: egress Q..Q+N-1, ingress the next N", "Q", 0, 65535 - 2 * 64, stats=True),
     Setting("queue_maxlen", 4096, "int", "packets each kernel queue holds before it drops", "PACKETS",

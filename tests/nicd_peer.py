@@ -5,8 +5,8 @@
           flushing after every read (the test watches FILE grow), until the peer closes.
           --tos marks the listening socket (its SYN-ACKs) and so the accepted one.
     send  --host IP --port P --data FILE [--tos 0x28] [--mss N] [--mark N] [--pause-at N --go FILE] [--md5-peer IP]
-          [--dstopts]
-          connect (IP_TOS, TCP_MAXSEG and SO_MARK set before connect), send FILE; with --pause-at, send
+          [--dstopts] [--sport S]
+          connect (IP_TOS, TCP_MAXSEG and SO_MARK set before connect; from port S if given), send FILE; with --pause-at, send
           the first N bytes, print "paused", wait until the file --go exists, send the rest.
           Then half-close and wait for the receiver to close: exit 0 means all was delivered.
     craft --dst IP --kinds K1,K2,... --count N
@@ -110,6 +110,9 @@ def send(a):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, a.mss)
     if a.mark is not None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, a.mark)
+    if a.sport:  # a known 4-tuple (tests/test_nicd_queues.py: which queue the flow takes)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", a.sport))
     s.settimeout(a.timeout)
     deadline = time.monotonic() + 10
     while True:
@@ -430,6 +433,7 @@ def main():
     s.add_argument("--timeout", type=float, default=60)
     s.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
     s.add_argument("--dstopts", action="store_true", help="IPv6: a destination-options header on every packet")
+    s.add_argument("--sport", type=int, help="connect from this port")
     c = sub.add_parser("craft")
     c.add_argument("--dst", required=True)
     c.add_argument("--kinds", required=True, help=f"comma-separated, from {', '.join(KINDS)}")

@@ -133,12 +133,12 @@ class Transfer:
     _ports = itertools.count(5001)
 
     def __init__(self, h_send, h_recv, data: bytes, tmp_path, *, tos=0x28, mss=None, pause_at=None, timeout=90,
-                 dest=None, mark=None, family=4, extra=()):
+                 dest=None, mark=None, family=4, extra=(), port=None):
         """dest: the address the sender connects to (default h_recv's: another one reaches it
         through a NAT); mark: the sending socket's SO_MARK; family: 6 for a connection between
         the hosts' IPv6 addresses (tos is then the traffic class); extra: more arguments of
-        nicd_peer.py send."""
-        self.port = next(self._ports)
+        nicd_peer.py send; port: the receiver's (default: the next of a counter from 5001)."""
+        self.port = port or next(self._ports)
         tmp_path = Path(tmp_path)
         self.src = tmp_path / f"send{self.port}.bin"
         self.out = tmp_path / f"recv{self.port}.bin"
