@@ -66,15 +66,21 @@ static size_t frame_cap(const struct re_codec *c, size_t wn)
     return 4 + c->max_encoded_size(c, wn);
 }
 
+/* A frame's header: the stream's length m, 4 bytes little-endian; returns the frame's length. */
+static size_t frame_header(uint8_t *buf, size_t m)
+{
+    uint32_t l = (uint32_t)m;
+    buf[0] = l & 0xff, buf[1] = (l >> 8) & 0xff, buf[2] = (l >> 16) & 0xff, buf[3] = l >> 24;
+    return 4 + m;
+}
+
 /* the codec's stream of wn wire floats behind its 4-byte little-endian length */
 static int frame_pack(const struct re_codec *c, const float *w, size_t wn, uint8_t *buf, size_t *len)
 {
     ptrdiff_t m = c->encode(c, w, wn, buf + 4, c->max_encoded_size(c, wn));
     if (m < 0)
         return (int)m;
-    uint32_t l = (uint32_t)m;
-    buf[0] = l & 0xff, buf[1] = (l >> 8) & 0xff, buf[2] = (l >> 16) & 0xff, buf[3] = l >> 24;
-    *len = 4 + (size_t)m;
+    *len = frame_header(buf, (size_t)m);
     return 0;
 }
 
@@ -387,9 +393,7 @@ static int on_received_encoded(struct call *c, struct bufs *B, size_t ri, size_t
     }
     if (got < 0)
         return fail(c, RE_E_DATA, "the partial sum from the left neighbour does not add: %s", k->strerror((int)got));
-    uint32_t l = (uint32_t)got;
-    p->buf[0] = l & 0xff, p->buf[1] = (l >> 8) & 0xff, p->buf[2] = (l >> 16) & 0xff, p->buf[3] = l >> 24;
-    p->len = 4 + (size_t)got;
+    p->len = frame_header(p->buf, (size_t)got);
     if (it.prim == RECV_REDUCE_COPY_SEND)     /* the owner: every rank decodes the same bytes */
         return decode_payload(c, p->buf, p->len, m, B->wbuf, xa);
     return RE_OK;
@@ -484,10 +488,7 @@ static int run(struct call *c, struct bufs *B, float *x, size_t n, float *lost)
                     c->st.codec_seconds += now() - t0;
                     if (got < 0)
                         return fail(c, RE_E_CODEC, "%s", r->codec->strerror((int)got));
-                    uint32_t l = (uint32_t)got;
-                    B->sbuf[0] = l & 0xff, B->sbuf[1] = (l >> 8) & 0xff, B->sbuf[2] = (l >> 16) & 0xff;
-                    B->sbuf[3] = l >> 24;
-                    sleft = 4 + (size_t)got;
+                    sleft = frame_header(B->sbuf, (size_t)got);
                 } else {
                     /* the decode of what goes out lands in lost, then becomes sent - decoded */
                     if ((st = encode_payload(c, x + it.a, m, lost ? lost + it.a : NULL, B->wbuf, B->sbuf, &sleft)))
