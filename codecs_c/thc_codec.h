@@ -53,6 +53,15 @@ extern "C" {
 #define THC_MAX_GRANULARITY 255
 #define THC_MAX_LOG2_DIM 31
 
+/* get_codec("thc")'s defaults (codecs_c/thc.py), for C callers (the MPI library, the ring
+ * benchmark): 4 bits, granularity 30, p = 1/32, the shipped optimal table T_{4,30,1/32}
+ * (thc_table_generated.py) and t_p = Phi^-1(1 - p/2) on thc_table_generator's 2^-40 grid;
+ * tests/test_pmpi_codecs.py holds them to Python's. */
+#define THC_DEFAULT_BITS 4
+#define THC_DEFAULT_GRANULARITY 30
+#define THC_DEFAULT_TABLE {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30}
+#define THC_DEFAULT_T_P 0x1.13b22a7d56800p+1
+
 enum thc_kind { THC_KIND_INDEX = 0, THC_KIND_SUM = 1 };
 
 enum thc_status {

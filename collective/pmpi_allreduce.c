@@ -80,14 +80,12 @@ static const struct {
 #define CODEC_CHOICES "inceptionn, thc, 3lc or terngrad"
 #define CODEC_NAME(c) ((c) >= 0 && (c) < CODEC_COUNT ? CODECS[c].name : "?")
 
-/* get_codec("thc") (codecs_c/thc.py): 4 bits, granularity 30, p = 1/32, the shipped optimal table
- * T_{4,30,1/32} (thc_table_generated.py) and t_p = Phi^-1(1 - p/2) on thc_table_generator's 2^-40
- * grid; rotation seed 0 (thc.py round_seed(0, round)). The ring-ready line prints them, and
- * tests/test_pmpi_codecs.py holds them to Python's. */
-#define THC_BITS 4
-#define THC_GRANULARITY 30
-static const uint8_t THC_TABLE[1 << THC_BITS] = {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30};
-static const double THC_T_P = 0x1.13b22a7d56800p+1;
+/* get_codec("thc")'s defaults (thc_codec.h); rotation seed 0 (thc.py round_seed(0, round)). The
+ * ring-ready line prints them. */
+#define THC_BITS THC_DEFAULT_BITS
+#define THC_GRANULARITY THC_DEFAULT_GRANULARITY
+static const uint8_t THC_TABLE[1 << THC_BITS] = THC_DEFAULT_TABLE;
+static const double THC_T_P = THC_DEFAULT_T_P;
 /* get_codec("3lc"): sparsity 1.0, zero-run encoding; get_codec("terngrad"): clip 2.5, 2-bit
  * packing, no shared scaler, a random seed of this rank's own */
 #define TLC_SPARSITY 1.0f

@@ -17,11 +17,12 @@
 #include <unistd.h>
 
 #include "ring_engine.h"
+#include "thc_codec.h"
 
 #define MAXR 64
 
-static const uint8_t TABLE[16] = {0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 21, 23, 25, 27, 30};
-#define TP 2.1538746940614146 /* t_p(1/32), thc_table_generator.py */
+static const uint8_t TABLE[16] = THC_DEFAULT_TABLE;
+#define TP THC_DEFAULT_T_P
 
 struct rank {
     struct re_ring ring;
@@ -101,7 +102,7 @@ int main(int argc, char **argv)
                 return 3;
         for (int r = 0; r < N; r++) {
             memset(&k[r].thc, 0, sizeof k[r].thc);
-            k[r].thc.bits = 4, k[r].thc.granularity = 30, k[r].thc.ranks = N;
+            k[r].thc.bits = THC_DEFAULT_BITS, k[r].thc.granularity = THC_DEFAULT_GRANULARITY, k[r].thc.ranks = N;
             memcpy(k[r].thc.table, TABLE, sizeof TABLE);
             k[r].thc.t_p = TP, k[r].thc.norm = norm, k[r].thc.rot_seed = 0x5EED0000ull + (unsigned)call;
             k[r].thc.noise_seed = 1000u * (unsigned)call + (unsigned)r;
