@@ -81,5 +81,24 @@ void ingress(struct nfq_data *nfa, struct ctx *cx)
         if (nicd_flows_note_rewritten(&k))
             COUNT(cx, FLOWS_MARKS_REWRITTEN, 1);
     }
+    /* Receive offload: a packet that continues the open one joins it (and is dropped), so TCP
+     * receives the run as one packet; a plain ACK-only data packet opens a run, while the batch
+     * has room for it. */
+    uint8_t *open = cx->out[cx->nout];
+    if (cx->merging && cx->nmerged < MERGE_MAX &&
+        nicd_can_append(open, cx->open_len, OUT(cx), (size_t)r, sizeof cx->out[0])) {
+        cx->open_len = nicd_append(open, cx->open_len, OUT(cx), (size_t)r);
+        cx->merged[cx->nmerged++] = id;
+        COUNT(cx, INGRESS_MERGED, 1);
+        return;
+    }
+    if (p.tcp_flags == TCP_ACK) {
+        close_merge(cx); /* the restored packet is in OUT(cx), now out[nout] */
+        if (cx->n < BATCH && cx->nout < BATCH && cx->bytes < BATCH_BYTES) {
+            cx->merging = 1;
+            cx->open_id = id, cx->open_len = (size_t)r, cx->open_queue = cx->queue;
+            return;
+        }
+    }
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }

@@ -618,6 +618,52 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
     return (ptrdiff_t)len;
 }
 
+/* ---- receive offload: restored packets merged (nicd_packet.h) ------------------------------- */
+
+int nicd_can_append(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen, size_t cap)
+{
+    struct nicd_pkt pa, pb;
+    if (nicd_parse(a, alen, &pa) != NICD_OK || nicd_parse(b, blen, &pb) != NICD_OK || pa.len != alen ||
+        pb.len != blen || pa.v6 != pb.v6 || pa.ihl != pb.ihl || pa.thl != pb.thl || !pa.payload_len ||
+        !pb.payload_len || pb.seq != pa.seq + (uint32_t)pa.payload_len)
+        return 0;
+    if (alen + pb.payload_len > cap || alen + pb.payload_len > NICD_MAX_VERDICT)
+        return 0;
+    if (pa.tcp_flags != TCP_ACK || (pb.tcp_flags & ~TCP_PSH) != TCP_ACK)
+        return 0;
+    if (pa.v6) { /* version, class, flow label; next header, hop limit, addresses */
+        if (memcmp(a, b, 4) != 0 || memcmp(a + 6, b + 6, 34) != 0)
+            return 0;
+    } else if (memcmp(a, b, 2) != 0 || memcmp(a + 6, b + 6, 4) != 0 || memcmp(a + 12, b + 12, pa.ihl - 12) != 0) {
+        return 0; /* version, IHL, ToS; fragment field, TTL, protocol; addresses and options */
+    }
+    const uint8_t *ta = a + pa.ihl, *tb = b + pb.ihl; /* ports; ack, offset; window; urgent, options */
+    return memcmp(ta, tb, 4) == 0 && memcmp(ta + 8, tb + 8, 5) == 0 && memcmp(ta + 14, tb + 14, 2) == 0 &&
+           memcmp(ta + 18, tb + 18, pa.thl - 18) == 0;
+}
+
+size_t nicd_append(uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+    size_t ihl = ip_hdr_len(b), off = ihl + (size_t)(b[ihl + 12] >> 4) * 4, len = alen + (blen - off);
+    memcpy(a + alen, b + off, blen - off);
+    a[ihl + 13] = b[ihl + 13];
+    if ((a[0] >> 4) == 6) {
+        a[4] = (uint8_t)((len - 40) >> 8);
+        a[5] = (uint8_t)(len - 40);
+    } else {
+        a[2] = (uint8_t)(len >> 8);
+        a[3] = (uint8_t)len;
+    }
+    return len;
+}
+
+void nicd_finish_merged(uint8_t *a, size_t len)
+{
+    if ((a[0] >> 4) != 6)
+        fix_ip_checksum(a);
+    fix_tcp_checksum(a, len);
+}
+
 uint16_t nicd_echo(const struct nicd_pkt *p)
 {
     const uint8_t *c = p->ip + p->payload_off;

@@ -163,6 +163,21 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
                        float *scratch);
 
 /*
+ * Receive offload in the daemon: restored packets of one flow that follow each other go to TCP as
+ * one packet, as GRO merges segments (one TCP receive and one ACK decision instead of several).
+ * nicd_can_append says whether the restored packet b (blen bytes) continues the restored packet a
+ * (alen bytes) so that a with b's payload appended is what the two say together: both parse, the
+ * same IP header but for length, id and checksum, the same TCP header (ports, ack, window, options:
+ * timestamps included) but for seq, checksum and flags, a's flags ACK only, b's ACK with or without
+ * PSH, b's seq where a's payload ends, both carry payload, and the sum is at most cap bytes and fits
+ * a verdict. nicd_append then appends b's payload and b's flags, and sets a's length field; its
+ * checksums stay stale until nicd_finish_merged (once, after the last append) makes them right.
+ */
+int nicd_can_append(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen, size_t cap);
+size_t nicd_append(uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+void nicd_finish_merged(uint8_t *a, size_t len);
+
+/*
  * The hello option: TCP option kind 253 (RFC 6994 experimental, 16-bit ExID) on handshakes.
  * A SYN carries role HELLO with the sender's settings and a per-flow nonce; the answering
  * SYN-ACK carries role ANSWER, the same nonce and the answerer's settings. Layout (16 bytes):

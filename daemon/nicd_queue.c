@@ -220,8 +220,11 @@ static int on_ingress(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_
     return 0;
 }
 
+static void queue_verdict(uint32_t id, uint32_t v, const uint8_t *buf, size_t len, struct ctx *cx);
+
 void flush(struct ctx *cx)
 {
+    close_merge(cx);
     if (!cx->n)
         return;
     struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
@@ -235,11 +238,40 @@ void flush(struct ctx *cx)
     if (cx->in_handle)
         PROF_END(cx, VERDICT_IN, t);
 #endif
-    cx->n = 0, cx->niov = 0, cx->bytes = 0;
+    cx->n = 0, cx->nout = 0, cx->niov = 0, cx->bytes = 0;
 }
 
-/* Queue a verdict; buf, if given, is the rewritten packet and must be OUT(cx). */
+/* Queue a verdict; buf, if given, is the rewritten packet and must be OUT(cx). An open packet of
+ * the receive offload goes first (it came first), without a flush between: buf then is its
+ * next slot. */
 void verdict(uint32_t id, uint32_t v, const uint8_t *buf, size_t len, struct ctx *cx)
+{
+    close_merge(cx);
+    queue_verdict(id, v, buf, len, cx);
+    if (cx->n >= BATCH || cx->nout >= BATCH || cx->bytes >= BATCH_BYTES)
+        flush(cx);
+}
+
+void close_merge(struct ctx *cx)
+{
+    if (!cx->merging)
+        return;
+    cx->merging = 0;
+    uint8_t *a = cx->out[cx->nout];
+    if (cx->nmerged)
+        nicd_finish_merged(a, cx->open_len);
+    uint16_t q = cx->queue;
+    cx->queue = cx->open_queue;
+    queue_verdict(cx->open_id, NF_ACCEPT, a, cx->open_len, cx);
+    for (int i = 0; i < cx->nmerged; i++)
+        queue_verdict(cx->merged[i], NF_DROP, NULL, 0, cx);
+    cx->nmerged = 0;
+    cx->queue = q;
+}
+
+/* One verdict message into the batch (msg, iov), without a flush: VERDICTS_MAX leaves room for an
+ * open packet and the drops of the packets it took in beyond a full batch. */
+static void queue_verdict(uint32_t id, uint32_t v, const uint8_t *buf, size_t len, struct ctx *cx)
 {
     static const uint8_t pad[4];
     if (buf && len > NICD_MAX_VERDICT) { /* its attribute length would wrap: never send it */
@@ -265,9 +297,8 @@ void verdict(uint32_t id, uint32_t v, const uint8_t *buf, size_t len, struct ctx
             cx->iov[cx->niov++] = (struct iovec){(void *)pad, padded - hdr - len};
     }
     cx->n++;
+    cx->nout += buf != NULL;
     cx->bytes += padded;
-    if (cx->n == BATCH || cx->bytes >= BATCH_BYTES)
-        flush(cx);
 }
 
 /* The queued packet's id and bytes; returns its length, or -1. */

@@ -72,7 +72,9 @@
     X(DROP_EXT_HEADER, "IPv6 packets marked compressed with an extension header before TCP "     \
                        "(no soft NIC sends one), dropped")                                       \
     X(EGRESS_RAW_VIEW_PENDING, "gso: tagged super-packets of negotiated flows sent raw because "  \
-                               "conntrack had not yet said how NAT sees the flow")
+                               "conntrack had not yet said how NAT sees the flow")                \
+    X(INGRESS_MERGED, "restored packets handed to TCP inside the one before them (receive "       \
+                      "offload: one packet per run of a flow's restored packets in a batch)")
 
 #define NICD_C_ENUM_(name, help) NICD_C_##name,
 enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };

@@ -36,6 +36,10 @@
  * queue adds no latency. Each pending verdict owns one output slot until the flush. */
 #define BATCH 32
 #define BATCH_BYTES (192 * 1024)
+/* Receive offload (nicd_can_append): at most this many restored packets join the one before them;
+ * the verdict messages a batch may reach with the open packet's and theirs. */
+#define MERGE_MAX 48
+#define VERDICTS_MAX (BATCH + MERGE_MAX + 2)
 #define RECV_MSGS 16
 #define RECV_BUF (NICD_MAX_PACKET + 4096) /* one queued packet plus its netlink attributes */
 /* gso: compressed packets per super-packet at most (64 KB in MTU-sized packets that are each
@@ -80,12 +84,21 @@ struct ctx {
     uint16_t echo;     /* egress: the echo field of the packet being compressed (the low bits of
                           the peer's ISN, nicd_packet.h) */
     int n;             /* pending verdicts */
+    int nout;          /* ... the output slots they use */
     size_t bytes;      /* ... and their size */
-    struct verdict_msg msg[BATCH];
-    struct iovec iov[BATCH * 3];
+    struct verdict_msg msg[VERDICTS_MAX];
+    struct iovec iov[VERDICTS_MAX * 3];
     int niov;
     float scratch[16384 + 16];
-    uint8_t out[BATCH][NICD_MAX_PACKET + 64];
+    uint8_t out[BATCH + 1][NICD_MAX_PACKET + 64];
+    /* Receive offload: a restored packet that later ones of its flow may join (nicd_can_append)
+     * waits in out[nout], its verdict not yet queued: its id, length and queue, and the ids of the
+     * packets it took in (dropped when it is queued, right after it). merging: one is open. */
+    int merging, nmerged;
+    uint32_t open_id;
+    size_t open_len;
+    uint16_t open_queue;
+    uint32_t merged[MERGE_MAX];
     /* gso: the raw socket the compressed packets of a super-packet leave by (raw6_fd: IPv6's,
      * -1 without IPv6), their bytes, the encoded stream they are cut from, and the last egress
      * interface's MTU */
@@ -128,8 +141,9 @@ static inline int codec_of_mark(const struct ctx *cx, uint8_t tos)
     return 0;
 }
 
-/* The output slot a callback may rewrite the current packet into. */
-#define OUT(cx) ((cx)->out[(cx)->n])
+/* The output slot a callback may rewrite the current packet into: the next free one, past an open
+ * packet of the receive offload (which verdict() queues first, so the slot is then the next). */
+#define OUT(cx) ((cx)->out[(cx)->nout + (cx)->merging])
 
 static inline void key_of(const struct nicd_pkt *p, struct nicd_flow_key *k, int reverse)
 {
@@ -157,6 +171,8 @@ struct route_ctx {
  * OUT(cx)); send the pending ones; the queued packet's id and bytes. */
 void verdict(uint32_t id, uint32_t v, const uint8_t *buf, size_t len, struct ctx *cx);
 void flush(struct ctx *cx);
+/* Queue the open packet of the receive offload, then drops for the packets it took in. */
+void close_merge(struct ctx *cx);
 int fetch(struct nfq_data *nfa, uint32_t *id, unsigned char **buf);
 
 /* nicd_egress.c, nicd_ingress.c: one queued packet each. */

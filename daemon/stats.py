@@ -181,7 +181,8 @@ def format_stats(s: dict) -> str:
         f"({c['egress_raw_bytes']} bytes; {raw_edge_bytes(c)} bytes of cut floats raw in compressed "
         "packets)",
         f"ingress: {c['ingress_packets']} packets, {c['ingress_restored']} restored "
-        f"({c['ingress_wire_bytes']} -> {c['ingress_orig_bytes']} payload bytes)",
+        f"({c['ingress_wire_bytes']} -> {c['ingress_orig_bytes']} payload bytes; {c['ingress_merged']} of them "
+        "handed to TCP inside the one before)",
         "tiers  : " + ", ".join(f"{n} {100 * v / total:.1f}%" for n, v in zip(("0bit", "8bit", "16bit", "32bit"), tiers)),
         f"flows  : {s['flows_active']} active, {c['flows_negotiated']} negotiated, {s['flows_expired']} expired, "
         f"{c['flows_closed_rst']} ended by RST, {c['flows_closed_fin']} by FIN; "

@@ -114,6 +114,53 @@ def test_super_packet_that_does_not_compress_is_left_whole():
     assert r == 1  # NICD_NOT_SMALLER: the caller accepts the super-packet unchanged
 
 
+def test_receive_offload_merges_restored_packets_of_a_run():
+    """nicd_can_append / nicd_append / nicd_finish_merged (the receiver's merge of restored
+    packets): the packets nicd_compress_gso cut, restored one by one, merge back into one packet
+    with the super-packet's payload, PSH from the last, and right checksums; a packet that does
+    not continue the merged one (a gap, another ack, a FIN) stays out."""
+    from inceptionn.daemon._datapath import ffi, lib
+    payload = np.linspace(-0.5, 0.5, 12000, dtype=np.float32).tobytes()
+    pkt = super_packet(payload, 1000, 0x10 | 0x08)  # ACK PSH
+    keep = ffi.from_buffer(pkt)
+    p = ffi.new("struct nicd_pkt *")
+    assert lib.nicd_parse(keep, len(pkt), p) == 0
+    out, seg_len, nsegs = ffi.new("uint8_t[]", 65536 + 64 * 128), ffi.new("size_t[]", 64), ffi.new("int *")
+    scratch = ffi.new("float[]", 16400)
+    r = lib.nicd_compress_gso(p, 0, -10, 0x2C, 0, 1500, out, len(out), seg_len, nsegs, 64, scratch,
+                              ffi.new("uint8_t[]", 2048 * 34), 2048 * 34, ffi.NULL)
+    assert r > 0 and nsegs[0] > 2
+    restored, at = [], 0
+    for i in range(nsegs[0]):
+        c = ffi.new("struct nicd_pkt *")
+        assert lib.nicd_parse(out + at, seg_len[i], c) == 0
+        back = ffi.new("uint8_t[]", 65536)
+        n = lib.nicd_restore(c, 0x28, back, len(back), scratch)
+        assert n > 0
+        restored.append(bytes(ffi.buffer(back, n)))
+        at += seg_len[i]
+    merged = ffi.new("uint8_t[]", 65536 + 64)
+    merged[0:len(restored[0])] = restored[0]
+    length = len(restored[0])
+    for b in restored[1:]:
+        assert lib.nicd_can_append(merged, length, b, len(b), len(merged)) == 1
+        length = lib.nicd_append(merged, length, b, len(b))
+    lib.nicd_finish_merged(merged, length)
+    m = bytes(ffi.buffer(merged, length))
+    assert length == len(pkt)
+    assert m[52:] == recon(np.frombuffer(payload, np.float32), -10).tobytes()
+    assert m[20 + 13] == 0x18 and struct.unpack("!I", m[24:28])[0] == 1000  # PSH ACK, the first seq
+    assert lib.nicd_tcp_checksum(merged, length) == 0 and m[12:20] == pkt[12:20]
+    # what does not continue it: a gap, another ack, a FIN, more than cap
+    first, second = bytearray(restored[0]), bytearray(restored[1])
+    assert lib.nicd_can_append(bytes(first), len(first), bytes(second), len(second), 1000) == 0
+    for i, v in ((27, second[27] ^ 1), (31, second[31] ^ 1), (33, second[33] | 0x01)):
+        bad = bytearray(second)
+        bad[i] = v
+        assert lib.nicd_can_append(bytes(first), len(first), bytes(bad), len(bad), 65536) == 0, i
+    assert lib.nicd_can_append(bytes(first), len(first), bytes(second), len(second), 65536) == 1
+
+
 def wire_run(tmp_path, x, mtu, *flags, tag=""):
     """One tagged transfer h1 -> h2 with nicd (and ``flags``) on both; returns what arrived, both
     daemons' counters, the data packets h2 saw arrive from h1 (counted on its wire side), the
@@ -142,6 +189,8 @@ def test_gso_stream_equals_reconstruction_with_fewer_packets(tmp_path, small, mt
     assert c2["ingress_restored"] < c1["egress_orig_bytes"] / (mtu - 52), c2
     for key in DROPS:
         assert c2[key] == 0, (key, c2)
+    # receive offload: runs of restored packets reach TCP as one packet, every verdict taken
+    assert 0 < c2["ingress_merged"] < c2["ingress_restored"] and c2["verdict_errors"] == 0, c2
 
     # the same stream without gso: one compressed packet per MSS segment
     got0, c1_0, _, packets0, _, raw0 = wire_run(tmp_path, small, mtu, "--no-gso", tag="plain")

@@ -17,7 +17,9 @@
  * header: it must compress to the same payload bytes and restore to the same segment (the
  * transforms do not depend on the family but for the headers and the pseudo-header). The tier
  * counts the compressors return (read off the tag words while cutting) must equal what
- * inc_stream_histogram, the validating count, reads from the packets they wrote.
+ * inc_stream_histogram, the validating count, reads from the packets they wrote. Receive
+ * offload: a packet cut in two (ACK-only first part) must merge back into itself, checksums
+ * right; with the second part's seq off by one, or any packet with itself, it must not merge.
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
 #include "inceptionn_codec.h"
@@ -104,6 +106,43 @@ static void check_specials(const struct nicd_pkt *p, uint32_t off, const uint8_t
         if (special ? x != y : (y & 0x7F800000u) == 0x7F800000u)
             abort();
     }
+}
+
+/* Receive offload (nicd_can_append, nicd_append, nicd_finish_merged): p cut in two at a point its
+ * seq picks, each part a well-formed packet with right checksums, the first ACK-only, the second
+ * ACK with p's PSH; the two merge back into p's bytes with those flags and right checksums. */
+static uint8_t ma[NICD_MAX_PACKET + 64], mb[NICD_MAX_PACKET + 64], mw[NICD_MAX_PACKET + 64];
+static void check_merge(const struct nicd_pkt *p)
+{
+    if (p->payload_len && nicd_can_append(p->ip, p->len, p->ip, p->len, sizeof ma))
+        abort(); /* a packet never continues itself */
+    if (p->payload_len < 2 || p->len > NICD_MAX_VERDICT)
+        return;
+    size_t cut = 1 + p->seq % (p->payload_len - 1), off = p->payload_off, ihl = p->ihl;
+    size_t alen = off + cut, blen = p->len - cut;
+    uint8_t flags = (uint8_t)(TCP_ACK | (p->tcp_flags & TCP_PSH));
+    memcpy(ma, p->ip, alen);
+    memcpy(mb, p->ip, off);
+    memcpy(mb + off, p->ip + off + cut, p->payload_len - cut);
+    ma[ihl + 13] = TCP_ACK, mb[ihl + 13] = flags;
+    uint32_t seq = p->seq + (uint32_t)cut;
+    mb[ihl + 4] = (uint8_t)(seq >> 24), mb[ihl + 5] = (uint8_t)(seq >> 16), mb[ihl + 6] = (uint8_t)(seq >> 8);
+    mb[ihl + 7] = (uint8_t)(seq + 1); /* off by one first */
+    nicd_finish(ma, alen, p->tos);
+    nicd_finish(mb, blen, p->tos);
+    if (nicd_can_append(ma, alen, mb, blen, sizeof ma))
+        abort();
+    mb[ihl + 7] = (uint8_t)seq;
+    nicd_finish(mb, blen, p->tos);
+    if (!nicd_can_append(ma, alen, mb, blen, sizeof ma) || nicd_can_append(ma, alen, mb, blen, p->len - 1))
+        abort();
+    size_t m = nicd_append(ma, alen, mb, blen);
+    nicd_finish_merged(ma, m);
+    memcpy(mw, p->ip, p->len);
+    mw[ihl + 13] = flags;
+    nicd_finish(mw, p->len, p->tos);
+    if (m != p->len || memcmp(ma, mw, m) != 0)
+        abort();
 }
 
 /* The option paths: find/strip on the packet as it came, add/find/strip round trip. The packet's
@@ -211,6 +250,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (nicd_marked_checksum(&p) || nicd_restore(&p, INCEPTIONN_TOS_TAGGED, out, sizeof out, scratch) != NICD_E_CHECKSUM)
             abort();
         check_option(&p);
+        check_merge(&p);
         check_as_ipv6(&p);
         /* the same with the checksum marked as a compressed packet's (big-endian arithmetic) */
         uint32_t want = (uint32_t)((pkt[p.ihl + 16] << 8) | pkt[p.ihl + 17]) + NICD_CSUM_MARK;
