@@ -19,7 +19,9 @@
  * counts the compressors return (read off the tag words while cutting) must equal what
  * inc_stream_histogram, the validating count, reads from the packets they wrote. Receive
  * offload: a packet cut in two (ACK-only first part) must merge back into itself, checksums
- * right; with the second part's seq off by one, or any packet with itself, it must not merge.
+ * right; with the second part's seq off by one, or any packet with itself, it must not merge;
+ * a second packet made of p's headers and the input's bytes past p (one header byte changed if
+ * the input says so) merges exactly when only the fields a merge may differ in differ.
  * Build: clang -fsanitize=fuzzer,address,undefined (the Makefile's build/fuzz_nicd_packet).
  */
 #include "inceptionn_codec.h"
@@ -145,6 +147,79 @@ static void check_merge(const struct nicd_pkt *p)
         abort();
 }
 
+/* Receive offload against any second packet: b is a's headers (a = p made ACK-only, b's seq
+ * where a's data ends) with the input's bytes past p as its payload, its flags ACK, ACK|PSH or any the input gives, and,
+ * when the input says so, one header byte (at an index the input picks) changed after its
+ * checksums were made. nicd_can_append must take b exactly when the headers differ only where a
+ * merge may (IPv4 id and checksum, TCP checksum, flags) and b's flags are ACK or ACK|PSH; merged,
+ * the packet parses, says its length, both checksums are right, its payload is a's then b's, and
+ * its headers are a's but for length, checksums and b's flags. With one byte less room it is
+ * refused. The bytes past p as they are (any b) are asked too, for the bounds. */
+static uint8_t tb[NICD_MAX_PACKET + 64];
+
+static int ipv4_header_ok(const uint8_t *ip, size_t ihl)
+{
+    uint32_t sum = 0;
+    for (size_t i = 0; i < ihl; i += 2)
+        sum += (uint32_t)(ip[i] << 8 | ip[i + 1]);
+    while (sum >> 16)
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    return sum == 0xFFFF;
+}
+
+static void check_merge_any(const struct nicd_pkt *p, const uint8_t *rest, size_t nrest)
+{
+    nicd_can_append(p->ip, p->len, rest, nrest, sizeof ma); /* whatever it says, in bounds */
+    if (nrest < 4 || !p->payload_len || p->len > NICD_MAX_VERDICT)
+        return;
+    size_t off = p->payload_off, ihl = p->ihl, alen = p->len, blen = off + (nrest - 3);
+    if (blen > NICD_MAX_VERDICT)
+        blen = NICD_MAX_VERDICT;
+    memcpy(ma, p->ip, alen);
+    ma[ihl + 13] = TCP_ACK;
+    nicd_finish(ma, alen, p->tos);
+    memcpy(mw, ma, alen); /* a as it was, to compare with */
+    memcpy(tb, ma, off);
+    memcpy(tb + off, rest + 3, blen - off);
+    uint32_t seq = p->seq + (uint32_t)p->payload_len;
+    tb[ihl + 4] = (uint8_t)(seq >> 24), tb[ihl + 5] = (uint8_t)(seq >> 16), tb[ihl + 6] = (uint8_t)(seq >> 8);
+    tb[ihl + 7] = (uint8_t)seq; /* flags: ACK or ACK|PSH, or any the input gives */
+    tb[ihl + 13] = rest[0] & 0x40 ? rest[0] : (uint8_t)(TCP_ACK | (rest[0] & TCP_PSH));
+    nicd_finish(tb, blen, p->tos);
+    size_t at = rest[1] % off;
+    int changed = (rest[1] & 0x80) == 0 && rest[2] != 0;
+    if (changed)
+        tb[at] ^= rest[2];
+    int may_differ = at == ihl + 13 || at == ihl + 16 || at == ihl + 17 || /* TCP flags, checksum */
+                     (!p->v6 && (at == 4 || at == 5 || at == 10 || at == 11)); /* IPv4 id, checksum */
+    uint8_t bflags = tb[ihl + 13];
+    size_t m = alen + (blen - off);
+    int want = (!changed || may_differ) && (bflags & ~TCP_PSH) == TCP_ACK && m <= NICD_MAX_VERDICT;
+    if (nicd_can_append(ma, alen, tb, blen, sizeof ma) != want)
+        abort();
+    if (!want)
+        return;
+    if (nicd_can_append(ma, alen, tb, blen, m - 1))
+        abort(); /* one byte less room than the merged packet needs */
+    if (nicd_append(ma, alen, tb, blen) != m)
+        abort();
+    nicd_finish_merged(ma, m);
+    struct nicd_pkt q;
+    if (nicd_parse(ma, m, &q) != NICD_OK || q.len != m || q.seq != p->seq || q.tcp_flags != bflags ||
+        nicd_tcp_checksum(ma, m) != 0 || nicd_marked_checksum(&q) || (!p->v6 && !ipv4_header_ok(ma, ihl)))
+        abort();
+    check_len_field(p, ma, m);
+    /* the headers: a's but for the length field, the IPv4 checksum, the TCP flags and checksum */
+    if (p->v6 ? memcmp(ma, mw, 4) != 0 || memcmp(ma + 6, mw + 6, 34) != 0
+              : memcmp(ma, mw, 2) != 0 || memcmp(ma + 4, mw + 4, 6) != 0 || memcmp(ma + 12, mw + 12, ihl - 12) != 0)
+        abort();
+    if (memcmp(ma + ihl, mw + ihl, 13) != 0 || memcmp(ma + ihl + 14, mw + ihl + 14, 2) != 0 ||
+        memcmp(ma + ihl + 18, mw + ihl + 18, p->thl - 18) != 0)
+        abort();
+    if (memcmp(ma + off, mw + off, p->payload_len) != 0 || memcmp(ma + alen, tb + off, blen - off) != 0)
+        abort();
+}
+
 /* The option paths: find/strip on the packet as it came, add/find/strip round trip. The packet's
  * TCP checksum is already valid here (strip checks it). */
 static void check_option(const struct nicd_pkt *p)
@@ -251,6 +326,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         check_option(&p);
         check_merge(&p);
+        check_merge_any(&p, pkt + p.len, size - p.len);
         check_as_ipv6(&p);
         /* the same with the checksum marked as a compressed packet's (big-endian arithmetic) */
         uint32_t want = (uint32_t)((pkt[p.ihl + 16] << 8) | pkt[p.ihl + 17]) + NICD_CSUM_MARK;
