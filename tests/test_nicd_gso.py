@@ -8,7 +8,10 @@ traffic arrives byte for byte. Needs root.
 """
 from __future__ import annotations
 
+import json
 import os
+import sys
+from pathlib import Path
 import struct
 import subprocess
 import time
@@ -233,22 +236,49 @@ def tcp_ext(host, name: str) -> int:
 
 
 def test_gso_reordering(tmp_path, small):
-    """The sender's link reorders: 10% of its TCP packets (compressed ones included) go through a
-    slow HTB class while the rest pass, so compressed packets of one super-packet and of several
-    arrive out of order (the receiver's TCP counts out-of-order segments); each restores alone."""
+    """The sender's link reorders: every 10th compressed packet and every 10th other TCP packet it
+    sends go through a slow HTB class (2 Mbit/s: a held packet waits milliseconds once the class
+    has used its burst) while the rest pass, so compressed packets of one super-packet and of
+    several arrive out of order; each restores alone.
+
+    That packets arrived out of order is counted on the receiver's wire side, before its daemon
+    (tests/reorder_sniffer.py: a data packet whose seq is below one already seen, at a start not
+    seen before). Not the receiver's TCPOFOQueue (printed only): it counts segments TCP queued out
+    of order, and the receive offload hands a run of restored packets after a gap to TCP as one
+    segment, so that count depends on how the packets were batched, not on how many came late."""
     with make_testbed(mtu=1500) as tb:
         h1, h2 = tb.hosts
         dev = h1.ifname
+        slow = ["-m", "statistic", "--mode", "nth", "--every", "10", "--packet", "0", "-j", "CLASSIFY",
+                "--set-class", "1:20"]
+        out = ["iptables", "-w", "5", "-t", "mangle", "-A", "OUTPUT", "-o", dev, "-p", "tcp"]
         for cmd in (["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
                     ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit"],
-                    ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "50mbit"],
-                    ["iptables", "-w", "5", "-t", "mangle", "-A", "OUTPUT", "-o", dev, "-p", "tcp", "-m", "statistic",
-                     "--mode", "random", "--probability", "0.1", "-j", "CLASSIFY", "--set-class", "1:20"]):
+                    ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "2mbit"],
+                    # the gso raw send's compressed packets pass OUTPUT (DSCP 11), and so do the
+                    # flow's other packets (super-packets among them: the egress queue in
+                    # POSTROUTING takes those before they reach the link)
+                    out + ["-m", "dscp", "--dscp", "11", "-m", "comment", "--comment", "nt-slowcompressed", *slow],
+                    out + ["-m", "dscp", "!", "--dscp", "11", *slow]):
             h1.run(cmd, check=True, capture_output=True)
-        ofo0 = tcp_ext(h2, "TCPOFOQueue")
-        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso")
-        ofo = tcp_ext(h2, "TCPOFOQueue") - ofo0
-    assert ofo > 0, "nothing arrived out of order"
+        counted = tmp_path / "reorder.json"
+        sniffer = h2.popen([sys.executable, str(Path(__file__).with_name("reorder_sniffer.py")), h2.ifname, h1.ip,
+                            str(counted)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert sniffer.stdout.readline().strip() == "ready"
+            ofo0 = tcp_ext(h2, "TCPOFOQueue")
+            got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso")
+            ofo = tcp_ext(h2, "TCPOFOQueue") - ofo0
+        finally:
+            sniffer.terminate()
+            sniffer.wait(timeout=20)
+        held = rule_counts(h1, "slowcompressed", table="mangle")[0]
+    wire = json.loads(counted.read_text())
+    print(f"compressed packets through the slow class: {held} of {c1['egress_compressed']}; data packets out "
+          f"of order on the wire: {wire['out_of_order']} of {wire['data']}; TCPOFOQueue {ofo}; ingress_merged "
+          f"{c2['ingress_merged']}")
+    assert held > 0, "no compressed packet went through the slow class"
+    assert wire["out_of_order"] > 0, ("nothing arrived out of order", wire)
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "gso with reordering")
     assert c1["gso_super_packets"] > 0
     assert c2["ingress_restored"] > 0 and all(c2[k] == 0 for k in DROPS), c2
