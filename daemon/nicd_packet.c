@@ -267,15 +267,21 @@ int nicd_parse(const uint8_t *b, size_t caplen, struct nicd_pkt *p)
 
 /* ---- compress / restore ------------------------------------------------------------------- */
 
+/* The IP header's length field for a packet of len bytes (IPv6: its payload length). */
+static void set_ip_length(uint8_t *ip, size_t len)
+{
+    int v6 = (ip[0] >> 4) == 6;
+    size_t said = v6 ? len - 40 : len, at = v6 ? 4 : 2;
+    ip[at] = (uint8_t)(said >> 8);
+    ip[at + 1] = (uint8_t)said;
+}
+
 static void finish_packet(uint8_t *out, size_t len, uint8_t tos)
 {
-    if ((out[0] >> 4) == 6) { /* payload length; no header checksum */
-        out[4] = (uint8_t)((len - 40) >> 8);
-        out[5] = (uint8_t)(len - 40);
+    set_ip_length(out, len);
+    if ((out[0] >> 4) == 6) { /* no header checksum */
         set_tclass(out, tos);
     } else {
-        out[2] = (uint8_t)(len >> 8);
-        out[3] = (uint8_t)len;
         out[1] = tos;
         fix_ip_checksum(out);
     }
@@ -647,13 +653,7 @@ size_t nicd_append(uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
     size_t ihl = ip_hdr_len(b), off = ihl + (size_t)(b[ihl + 12] >> 4) * 4, len = alen + (blen - off);
     memcpy(a + alen, b + off, blen - off);
     a[ihl + 13] = b[ihl + 13];
-    if ((a[0] >> 4) == 6) {
-        a[4] = (uint8_t)((len - 40) >> 8);
-        a[5] = (uint8_t)(len - 40);
-    } else {
-        a[2] = (uint8_t)(len >> 8);
-        a[3] = (uint8_t)len;
-    }
+    set_ip_length(a, len);
     return len;
 }
 
