@@ -83,9 +83,10 @@ void ingress(struct nfq_data *nfa, struct ctx *cx)
     }
     /* Receive offload: a packet that continues the open one joins it (and is dropped), so TCP
      * receives the run as one packet; a plain ACK-only data packet opens a run, while the batch
-     * has room for it. */
+     * has room for it. Only packets of the open one's queue join it: their drops are sent to
+     * that queue. */
     uint8_t *open = cx->out[cx->nout];
-    if (cx->merging && cx->nmerged < MERGE_MAX &&
+    if (cx->merging && cx->queue == cx->open_queue && cx->nmerged < MERGE_MAX &&
         nicd_can_append(open, cx->open_len, OUT(cx), (size_t)r, sizeof cx->out[0])) {
         cx->open_len = nicd_append(open, cx->open_len, OUT(cx), (size_t)r);
         cx->merged[cx->nmerged++] = id;
