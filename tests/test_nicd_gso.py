@@ -407,6 +407,8 @@ def test_gso_incompressible_super_packets_leave_whole_and_arrive_intact(tmp_path
                         break
                     time.sleep(wait)
                     wait = min(2 * wait, 0.5)
+                print(f"view known after {at // probe} probe(s) of {probe} bytes: {c1['egress_raw_view_pending']} "
+                      f"super-packets left pending before it")
                 before = d1.counters()
                 send_range(probe * probes, len(data))
                 send.stdin.write("end\n")
