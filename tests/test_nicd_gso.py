@@ -251,6 +251,16 @@ def transfer_once_view_known(h1, h2, d1, data: bytes, tmp_path, mss: int):
     return out.read_bytes(), at, before
 
 
+def gso_transfer(h1, h2, data: bytes, tmp_path, mss=1448, tag=""):
+    """nicd_transfer(h1, h2, data, tmp_path, "--gso") with the bulk sent once the flow's view is
+    known (transfer_once_view_known): what arrived, both daemons' counters, raw_sent's bound."""
+    count_raw_tagged(h2)
+    with running_nicd(h1, tmp_path, "--gso", tag=tag) as d1, running_nicd(h2, tmp_path, "--gso", tag=tag) as d2:
+        got = transfer_once_view_known(h1, h2, d1, data, tmp_path, mss)[0]
+        c1, c2 = d1.counters(), d2.counters()
+    return got, c1, c2, raw_sent(h2, c1)
+
+
 def wire_run(tmp_path, x, mtu, *flags, tag=""):
     """One tagged transfer h1 -> h2 with nicd (and ``flags``) on both (with --gso, the bulk once the
     flow's view is known: transfer_once_view_known); returns what arrived, both
@@ -260,14 +270,10 @@ def wire_run(tmp_path, x, mtu, *flags, tag=""):
         h1, h2 = tb.hosts
         add_counting_rule(h2, "data", "-s", h1.ip, "-p", "tcp", "-m", "length", "--length", "100:65535")
         add_counting_rule(h2, "compressed", "-s", h1.ip, "-p", "tcp", "-m", "dscp", "--dscp", "11")
-        if "--gso" not in flags:  # packet by packet: the view is never waited for
+        if flags == ("--gso",):
+            got, c1, c2, raw = gso_transfer(h1, h2, x.tobytes(), tmp_path, mtu - 52, tag=tag)
+        else:  # packet by packet: nothing waits for the view
             got, c1, c2, raw = nicd_transfer(h1, h2, x.tobytes(), tmp_path, *flags, tag=tag)
-        else:
-            count_raw_tagged(h2)
-            with running_nicd(h1, tmp_path, *flags, tag=tag) as d1, running_nicd(h2, tmp_path, *flags, tag=tag) as d2:
-                got = transfer_once_view_known(h1, h2, d1, x.tobytes(), tmp_path, mtu - 52)[0]
-                c1, c2 = d1.counters(), d2.counters()
-            raw = raw_sent(h2, c1)
         return got, c1, c2, rule_counts(h2, "data")[0], rule_counts(h2, "compressed")[0], raw
 
 
@@ -309,7 +315,7 @@ def test_gso_random_loss(tmp_path, small):
                 "--comment", "nt-loss", "-j", "DROP"], check=True)
         count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, "--gso") as d1, running_nicd(h2, tmp_path, "--gso") as d2:
-            got = transfer(h1, h2, small.tobytes(), tmp_path)
+            got = transfer_once_view_known(h1, h2, d1, small.tobytes(), tmp_path, 1448)[0]
             c1, c2 = d1.counters(), d2.counters()
             said = subprocess.run([INC, "stats", "--socket", str(d1.sock)], capture_output=True, text=True,
                                   timeout=20).stdout
@@ -362,7 +368,7 @@ def test_gso_reordering(tmp_path, small):
         try:
             assert sniffer.stdout.readline().strip() == "ready"
             ofo0 = tcp_ext(h2, "TCPOFOQueue")
-            got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso")
+            got, c1, c2, raw = gso_transfer(h1, h2, small.tobytes(), tmp_path)
             ofo = tcp_ext(h2, "TCPOFOQueue") - ofo0
         finally:
             sniffer.terminate()
@@ -491,7 +497,7 @@ def test_gso_through_conntrack_invalid_drops(tmp_path, small):
             drop_invalid(h)
         h1.run(["iptables", "-w", "5", "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment",
                 "--comment", "nt-outgoing-invalid", "-j", "DROP"], check=True)
-        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", timeout=45)
+        got, c1, c2, raw = gso_transfer(h1, h2, small.tobytes(), tmp_path)
         invalid = [counted(h1, "nt-outgoing-invalid", "filter")[0]] + [counted(h, "nt-invalid", "filter")[0]
                                                                   for h in (h1, h2)]
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw,
