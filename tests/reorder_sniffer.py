@@ -5,15 +5,17 @@ its flow has shown and no packet of the flow started there before: a packet that
 retransmission that fills a gap (a duplicate of a start already seen, as a spurious retransmission
 is, is not counted). Sequence numbers count original bytes for compressed packets
 too, so starts compare whatever the packets carry. Prints "ready" once bound; on SIGTERM writes
-{"data": packets, "out_of_order": count} as JSON to the path given. Stdlib only.
+{"data": packets, "out_of_order": count} as JSON to the path given. Stdlib only (the
+headers are parsed by tests/ipv4_tcp.py).
 
     python reorder_sniffer.py IFNAME SRC_ADDRESS OUT_JSON
 """
 import json
 import signal
 import socket
-import struct
 import sys
+
+from ipv4_tcp import parse_ipv4_tcp
 
 
 def main(ifname: str, src: str, out: str) -> int:
@@ -32,18 +34,12 @@ def main(ifname: str, src: str, out: str) -> int:
             pkt, addr = s.recvfrom(70000)
         except (socket.timeout, InterruptedError):
             continue
-        if addr[2] == socket.PACKET_OUTGOING or len(pkt) < 14 + 40:
+        if addr[2] == socket.PACKET_OUTGOING:
             continue
-        ip = pkt[14:]
-        if ip[0] >> 4 != 4 or ip[9] != 6 or ip[12:16] != want:
-            continue
-        ihl = (ip[0] & 15) * 4
-        total = struct.unpack("!H", ip[2:4])[0]
-        tcp = ip[ihl:total]
-        if len(tcp) < 20 or len(tcp) <= (tcp[12] >> 4) * 4:
-            continue  # no payload: not data
-        key = tcp[0:4]
-        seq = struct.unpack("!I", tcp[4:8])[0]
+        seg = parse_ipv4_tcp(pkt)
+        if seg is None or seg.src != want or not seg.payload:
+            continue  # not IPv4/TCP from src, or no payload: not data
+        key, seq = (seg.sport, seg.dport), seg.seq
         counts["data"] += 1
         f = flows.setdefault(key, {"high": seq, "seen": set()})
         if (seq - f["high"]) & 0xFFFFFFFF >= 0x80000000 and seq not in f["seen"]:

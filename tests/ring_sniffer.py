@@ -1,12 +1,14 @@
 """Captures, as root in a testbed host, the first HELLO and PROOF (48 + 64 bytes) a ring
 connection of the MPI_Allreduce library sends over the host's loopback, and writes them to a
 file the unprivileged attacker (tests/ring_attacker.py) replays: what someone who once saw the
-traffic would hold. Stdlib only: an AF_PACKET socket, IPv4/TCP parsed by hand."""
+traffic would hold. Stdlib only: an AF_PACKET socket, IPv4/TCP parsed by tests/ipv4_tcp.py."""
 import os
 import socket
 import struct
 import sys
 import time
+
+from ipv4_tcp import parse_ipv4_tcp
 
 START = struct.pack("<2f", 20181024.0, 2.0)   # magic, handshake version
 WANT = 48 + 64
@@ -22,21 +24,13 @@ def main(path: str, seconds: float) -> int:
             pkt, (ifname, _, pkttype, _, _) = s.recvfrom(65535)
         except socket.timeout:
             continue
-        if ifname != "lo" or pkttype == socket.PACKET_OUTGOING or len(pkt) < 14 + 20:
+        if ifname != "lo" or pkttype == socket.PACKET_OUTGOING:
             continue
-        ip = pkt[14:]
-        if ip[0] >> 4 != 4 or ip[9] != 6:
+        seg = parse_ipv4_tcp(pkt)
+        if seg is None or not seg.payload:
             continue
-        ihl = (ip[0] & 15) * 4
-        total = struct.unpack("!H", ip[2:4])[0]
-        tcp = ip[ihl:total]
-        if len(tcp) < 20:
-            continue
-        off = (tcp[12] >> 4) * 4
-        payload = tcp[off:]
-        if not payload:
-            continue
-        key = (ip[12:16], tcp[0:2], ip[16:20], tcp[2:4])
+        payload = seg.payload
+        key = (seg.src, seg.sport, seg.dst, seg.dport)
         if key not in flows:
             if not payload.startswith(START):
                 continue
