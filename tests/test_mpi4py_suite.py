@@ -95,11 +95,8 @@ MPIRUN = ["--compress-allreduce", "--log", "1", "--mca", "mpi_yield_when_idle", 
 TIMEOUT = 1500                  # s per mpirun; measured: see the module docstring
 RUN1 = ["-e", "test_spawn", "-x", "TestDPM.testJoin", "-x", "TestSequential",
         "-e", "test_win", "-x", "TestMessageRMA", "-e", "test_util_pool"]
-# On 4 hosts run 1 takes every module that makes an allreduce (grep -l Allreduce in mpi4py's
-# test/: the cco_*buf and cco_obj modules, test_comm_inter, test_op, test_msgzero, test_dynproc;
-# test_util_sync's are in TestSequential, excluded) and the communicator modules (test_comm,
-# test_comm_topo); the whole suite runs on 2 (the module docstring). Together they took 440 s
-# of CI when both ran everything.
+# Which modules on which size, and why: the module docstring. The list on 4 is `grep -l Allreduce`
+# in mpi4py's test/ (test_util_sync's are in TestSequential, excluded) plus the communicator modules.
 RUN1_MODULES = {2: [], 4: ["test_cco_buf", "test_cco_buf_inter", "test_cco_nb_buf", "test_cco_obj",
                            "test_cco_obj_inter", "test_cco_pr_buf", "test_comm", "test_comm_inter", "test_comm_topo",
                            "test_dynproc", "test_msgzero", "test_op", "test_allreduce_inceptionn"]}
