@@ -62,4 +62,5 @@ for alt in mpi mpirun mpi-x86_64-linux-gnu; do   # masters; libmpi.so and the re
   fi
 done
 
-exec make --no-print-directory "${@:-test}"
+# Two jobs per core pair: the sanitizer and fuzz binaries build beside the venv.
+exec make --no-print-directory -j"$(nproc)" "${@:-test}"
