@@ -124,7 +124,7 @@ def run(args) -> int:
             algo, compress, scaling, feedback = CONFIGS[n]
             configs.append(TrainConfig(algo=algo, compress=compress, scaling=scaling, error_feedback=feedback,
                                        error_bound=args.error_bound, epochs=args.epochs, max_iters=args.max_iters,
-                                       data=args.data, seed=seed, lr=args.lr))
+                                       data=args.data, seed=seed, lr=args.lr, warmup=args.warmup_iters))
     data = preflight(configs[0])
     if args.chart and not args.chart.lower().endswith(".png"):
         raise UserError(f"--chart must name a .png file, got {args.chart}")
@@ -153,7 +153,8 @@ def run(args) -> int:
     report = {
         "settings": {"dataset": r0.dataset, "hosts": r0.hosts, "rate": rate, "mtu": args.mtu, "epochs": args.epochs,
                      "iters_per_epoch": r0.iters_per_epoch, "seeds": seeds, "configs": names,
-                     "error_bound": args.error_bound, "lr": args.lr, "load_average": os.getloadavg()},
+                     "error_bound": args.error_bound, "lr": args.lr, "warmup_iters": args.warmup_iters,
+                     "load_average": os.getloadavg()},
         "time": comparison_rows(results),
         "accuracy": accuracy_rows(results, diverged),
         "diverged": [{"name": n, "seed": sd} for n, sd in diverged],

@@ -5,7 +5,8 @@ bucket by bucket as DistributedDataParallel hands them over: cast to 16 bits, di
 world size, allreduce over the process group, cast back in place. The result is the mean."""
 from __future__ import annotations
 
-HOOKS = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
+HOOKS = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook",
+         "none": "allreduce_hook"}   # DDP without a hook does what allreduce_hook does
 DDP_BUCKET_BYTES = 25 * 2**20   # DistributedDataParallel's bucket_cap_mb default
 
 
@@ -31,3 +32,32 @@ def hook_allreduce(name: str, t, group=None):
     per = DDP_BUCKET_BYTES // t.element_size()
     buckets = [Bucket(t[i:i + per]) for i in range(0, t.numel(), per)]
     return lambda: [f.wait() for f in [hook(group, b) for b in buckets]]
+
+
+class HookGroup:
+    """A training worker's exchange the way DistributedDataParallel runs it over gloo with the
+    hook ``HOOKS[name]``: ``average(grad)`` leaves the mean over the world in ``grad``. The ranks
+    meet at ``master`` (host:port of rank 0)."""
+
+    stats = None   # no counters of ours: the whole exchange is communication
+
+    def __init__(self, name: str, master: str, rank: int, world: int, timeout: float = 300.0):
+        import datetime
+
+        import torch.distributed as dist
+
+        self.name, self.dist = name, dist
+        dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+
+    def average(self, grad):
+        import torch
+
+        hook_allreduce(self.name, torch.from_numpy(grad))()
+        return grad
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
