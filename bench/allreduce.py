@@ -346,6 +346,9 @@ def print_report(r: dict) -> None:
             nmse = row.get(lead, {}).get("nmse")
             nmse = f"{nmse:.2e}" if nmse is not None else "-"
             print(f"{size:>5}  " + "  ".join(f"{c:>22}" for c in cells) + f"  {sp[0]} / {sp[1]}         {nmse}")
+            lossy = [f"{i} {row[i]['nmse']:.2e}" for i in r["impls"] if row[i]["nmse"] and i != lead]
+            if lossy:   # the float32 paths' error is zero or rounding
+                print(f"{'':>5}  NMSE of one reduction: " + ", ".join(lossy))
             ours = [i for i in ("ring-app", "ring-nic", "ring-gso", "mpi-nic", "mpi-app") if i in row]
             for peer in ("gloo",) + HOOKS:  # every compressing ring against gloo and DDP's hooks
                 vs = [f"{i} {row[peer]['median'] / row[i]['median']:.2f}x" for i in ours]
