@@ -54,7 +54,7 @@ from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import format_rate, parse_rate
 from .allreduce_peer import HOOK_IMPLS
 
-HELP = "ring allreduce with and without the soft NIC against gloo and OpenMPI, 2 to 8 hosts"
+HELP = "ring allreduce with and without the soft NIC against gloo, DDP's fp16/bf16 hooks and OpenMPI, 2 to 8 hosts"
 IMPLS = ("ring", "ring-gso", "gloo", "gloo-fp16", "gloo-bf16", "mpi")   # the default comparison: the daemons' default, gso
 GLOO_IMPLS = ("gloo", "gloo-fp16", "gloo-bf16")      # torch.distributed over gloo (need torch)
 HOOKS = tuple(HOOK_IMPLS)                            # DDP's 16-bit compress hooks

@@ -9,7 +9,8 @@ DESCRIPTION = """Train the paper's HDC model (5 fully connected layers, width 50
 momentum 0.9, weight decay 5e-5, batch 25 per worker unless --batch) data-parallel on a testbed of --hosts
 network-namespace hosts joined by shaped links, one worker per host. --algo inc is the INCEPTIONN
 ring (gradients on both legs, every replica applies the same update); --algo wa is the
-worker-aggregator baseline (rank 0 aggregates, sums, updates and returns the weights).
+worker-aggregator baseline (rank 0 aggregates, sums, updates and returns the weights); --algo ddp
+is PyTorch DDP's exchange over gloo through torch's own hooks (--compress none, fp16 or bf16).
 --compress nic runs the soft NIC on every host and tags the gradient sockets; a codec name
 compresses in the application instead. Reports test accuracy per epoch, time per iteration split
 into compute, communicate and sum, and bytes on the wire. Progress goes to stderr, --json output
