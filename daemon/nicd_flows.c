@@ -617,29 +617,37 @@ static uint64_t party(const struct nicd_hello *h)
     return h->state == NICD_HELLO_SENT ? h->owner : NETWORK;
 }
 
-/* The way of a full set that a new hello h takes: the oldest hello of the party holding the most
- * ways, h's own party counted with h (so a newcomer that holds as many as anyone evicts its own);
- * a tie goes against the network first, then against h's party. Within the network the same rule
- * picks among the peers' owners (a real host's flood then evicts its own too). So one user's
- * flood of hellos pushes out only its own, and parties that compete for a set share it evenly. */
-static struct hslot *hello_victim(struct hslot *set, const struct nicd_hello *h, uint32_t now)
+/* Whether the way holds a hello of the group of hello h of key k: the same local user's, or the
+ * same peer's to the same port of ours (a flood aimed at one port, open or closed, then leaves the
+ * handshakes of the host's other services alone). */
+static int same_group(const struct hslot *w, const struct nicd_flow_key *k, const struct nicd_hello *h)
+{
+    return w->h.owner == h->owner && party(&w->h) == party(h) && (party(h) != NETWORK || w->key.sport == k->sport);
+}
+
+/* The way of a full set that a new hello h of key k takes: the oldest hello of the party holding
+ * the most ways, h's own party counted with h (so a newcomer that holds as many as anyone evicts
+ * its own); a tie goes against the network first, then against h's party. Within the network the
+ * same rule picks among the groups (same_group). So one user's flood of hellos pushes out only
+ * its own, and parties that compete for a set share it evenly. */
+static struct hslot *hello_victim(struct hslot *set, const struct nicd_flow_key *k, const struct nicd_hello *h,
+                                  uint32_t now)
 {
     struct hslot *victim = NULL;
     uint32_t best[3] = {0, 0, 0};
-    int in_network = party(h) == NETWORK;
     for (int w = 0; w < HELLO_WAYS; w++) {
-        const struct nicd_hello *c = &set[w].h;
-        uint64_t pc = party(c);
-        int mine = pc == party(h), same_peer = pc == NETWORK && in_network && c->owner == h->owner;
-        uint32_t ways = (uint32_t)mine, peer_ways = (uint32_t)same_peer;
+        const struct hslot *c = &set[w];
+        uint64_t pc = party(&c->h);
+        int mine = pc == party(h), own = pc == NETWORK && same_group(c, k, h);
+        uint32_t ways = (uint32_t)mine, group_ways = (uint32_t)own;
         for (int v = 0; v < HELLO_WAYS; v++) {
             ways += party(&set[v].h) == pc;
-            peer_ways += pc == NETWORK && party(&set[v].h) == NETWORK && set[v].h.owner == c->owner;
+            group_ways += pc == NETWORK && same_group(&set[v], &c->key, &c->h);
         }
-        /* compared in order: its party's ways (then the tie's order), its owner's ways within the
-         * network (then h's own first), its age */
-        uint32_t score[3] = {ways * 4 + (pc == NETWORK ? 2u : (uint32_t)mine), peer_ways * 2 + (uint32_t)same_peer,
-                             now - set[w].born};
+        /* compared in order: its party's ways (then the tie's order), its group's ways within the
+         * network (then h's own group first), its age */
+        uint32_t score[3] = {ways * 4 + (pc == NETWORK ? 2u : (uint32_t)mine), group_ways * 2 + (uint32_t)own,
+                             now - c->born};
         int i = 0;
         while (i < 2 && score[i] == best[i])
             i++;
@@ -665,8 +673,8 @@ int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h)
                 s = &set[w];
         }
         if (!s) {
-            s = hello_victim(set, h, now);
-            evicted = s->h.owner == h->owner && party(&s->h) == party(h) ? NICD_HELLO_EVICTED_OWN : 1;
+            s = hello_victim(set, k, h, now);
+            evicted = same_group(s, k, h) ? NICD_HELLO_EVICTED_OWN : 1;
         }
         s->key = *k; /* a lookup that reads the tag this way had takes the lock, so sees it whole */
         s->h = *h;

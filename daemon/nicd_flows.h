@@ -19,9 +19,11 @@
  *   fairly between parties: each local user (the owner of our SYN's hello) and the network (every
  *   hello a peer's SYN created, whose owners cost nothing to spoof, as one party); a new hello
  *   evicts the oldest of the party that holds the most ways, which is its own when it holds as
- *   many as any other (nicd_flows.c, hello_victim). So one user's flood of SYNs pushes out only
- *   its own hellos, and a flood of spoofed SYNs costs half-open hellos (counted) and never a
- *   negotiated flow nor more than half of a set.
+ *   many as any other, and within the network the same rule picks among the hellos of one peer to
+ *   one port of ours (nicd_flows.c, hello_victim). So one user's flood of SYNs pushes out only its
+ *   own hellos, a flood aimed at one port leaves the other ports' handshakes alone, and a flood of
+ *   spoofed SYNs costs half-open hellos (counted), never a negotiated flow nor more than an even
+ *   share of a set.
  */
 #ifndef NICD_FLOWS_H
 #define NICD_FLOWS_H
@@ -167,8 +169,8 @@ void nicd_flows_forget(const struct nicd_flow_key *k);
 void nicd_flows_nonce(const struct nicd_flow_key *k, uint32_t isn, uint8_t nonce[NICD_NONCE_LEN]);
 
 /* Create or replace the key's hello (h->owner set: the party it counts for, see the top). Returns
- * 0, 1 if another party's hello was evicted to make room, or NICD_HELLO_EVICTED_OWN if one of
- * the same owner was. */
+ * 0, 1 if another hello was evicted to make room, or NICD_HELLO_EVICTED_OWN if one of h's own
+ * group was (the same local user's, or the same peer's to the same port of ours). */
 #define NICD_HELLO_EVICTED_OWN 2
 int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h);
 

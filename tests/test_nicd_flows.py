@@ -334,7 +334,8 @@ def test_owner_of_a_peer_is_its_address_or_its_64(tables):
 def test_a_full_hello_set_is_shared_between_parties(tables):
     """A new hello in a full set evicts the oldest of the party holding the most ways, its own
     party counted with it (a tie goes against the network, then against the newcomer); parties:
-    each local user (our SENT hellos), and the network (the peers' hellos) as one."""
+    each local user (our SENT hellos), and the network (the peers' hellos) as one, within which
+    the groups of one peer's hellos to one port of ours compete the same way."""
     sent, peer, answered = lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER, lib.NICD_HELLO_ANSWERED
     own = lib.NICD_HELLO_EVICTED_OWN
     ks = iter(keys_where(lambda k: hello_set(k) == 5, 40))
@@ -370,8 +371,13 @@ def test_a_full_hello_set_is_shared_between_parties(tables):
     spoofed = [next(ks) for _ in range(6)]
     assert [put(k, peer, peer_owner(10 + i)) for i, k in enumerate(spoofed)] == [1] * 6
     assert present(r2, r3, r4, *flood[13:16], *spoofed[-2:]) and not present(p1a) and not present(p1b)
-    # a real host's flood (one address: spoofed[-1]'s) evicts its own hellos
-    assert put(next(ks), peer, peer_owner(15)) == own and not present(spoofed[-1]) and present(spoofed[-2])
+    # a real host's flood (spoofed[-1]'s address) to one port of ours evicts its own hellos there
+    port = spoofed[-1].sport  # ours: the key is our egress direction
+    a, b = [k for k in (key(port, d) for d in range(5001, 60000)) if hello_set(k) == 5][:2]
+    assert put(a, peer, peer_owner(15)) == own and not present(spoofed[-1]) and present(spoofed[-2])
+    assert put(b, peer, peer_owner(15)) == own and not present(a)
+    # its hello to another port is a group of its own: the oldest group's hello goes
+    assert put(next(ks), peer, peer_owner(15)) == 1 and not present(spoofed[-2]) and present(b)
 
     # An expired way is free again: no eviction
     lib.nicd_flows_test_advance(HELLO_TIMEOUT_MS + 1)
