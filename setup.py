@@ -58,18 +58,18 @@ for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
     ext_modules.append(Extension(
         module,
         sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "collective/ring_engine.c",
-                 "collective/ring_handshake.c", "collective/ring_sha256.c", "collective/nicd_bound.c",
+                 "collective/ring_handshake.c", "collective/nicd_bound.c",
                  "collective/ring_codecs.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c",
                  "codecs_c/blockscale_codec.c", "codecs_c/thc_codec.c", "codecs_c/threelc_codec.c",
                  "codecs_c/terngrad_codec.c"],
         include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
         depends=["collective/pmpi_allreduce.h", "collective/ring_engine.h", "collective/ring_handshake.h",
-                 "collective/ring_sha256.h", "collective/nicd_bound.h", "codecs_c/inceptionn_codec.h",
+                 "collective/nicd_bound.h", "codecs_c/inceptionn_codec.h",
                  "codecs_c/blockscale_codec.h", "codecs_c/thc_codec.h", "codecs_c/threelc_codec.h",
                  "codecs_c/terngrad_codec.h", "shim/inceptionn_contract.h", "shim/log_line.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
                             "-ffp-contract=off"],  # the same roundings on every host, as the codecs
-        library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], "m"], extra_link_args=mpi[3],
+        library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], "crypto", "m"], extra_link_args=mpi[3],
     ))
 
 setup(

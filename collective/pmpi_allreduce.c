@@ -45,6 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "log_line.h"
@@ -52,7 +54,6 @@
 #include "pmpi_allreduce.h"
 #include "ring_engine.h"
 #include "ring_handshake.h"
-#include "ring_sha256.h"
 #include "terngrad_codec.h"
 #include "thc_codec.h"
 
@@ -322,23 +323,32 @@ struct endpoint {
     uint8_t contrib[16];      /* this rank's share of the communicator's secret, from getrandom() */
 };
 
+/* SHA-256 (libcrypto) of tag, then n bytes of data; 0, or -1 if libcrypto failed. */
+static int sha256_tagged(const char *tag, size_t taglen, const void *data, size_t n, uint8_t out[32])
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    unsigned len = 0;
+    int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, tag, taglen) &&
+             EVP_DigestUpdate(c, data, n) && EVP_DigestFinal_ex(c, out, &len) && len == 32;
+    EVP_MD_CTX_free(c);
+    return ok ? 0 : -1;
+}
+
 /* The ring's secret and setup id, the same on every rank: hashes of every rank's endpoint (and
- * so of every rank's random contribution), which only MPI's own channel carried. */
-static void ring_keys(const struct endpoint *all, int size, uint8_t secret[RING_HS_SECRET],
-                      uint8_t setup_id[RING_HS_SETUP_ID])
+ * so of every rank's random contribution), which only MPI's own channel carried. 0, or -1 if
+ * libcrypto failed. */
+static int ring_keys(const struct endpoint *all, int size, uint8_t secret[RING_HS_SECRET],
+                     uint8_t setup_id[RING_HS_SETUP_ID])
 {
     static const char tag_secret[] = "inceptionn ring secret v2", tag_setup[] = "inceptionn ring setup v2";
-    uint8_t h[RING_SHA256_BYTES];
-    struct ring_sha256 c;
-    ring_sha256_init(&c);
-    ring_sha256_update(&c, tag_setup, sizeof tag_setup);
-    ring_sha256_update(&c, all, (size_t)size * sizeof *all);
-    ring_sha256_final(&c, h);
+    _Static_assert(RING_HS_SECRET == 32 && RING_HS_SETUP_ID <= 32, "the keys are SHA-256 hashes");
+    uint8_t h[32];
+    size_t n = (size_t)size * sizeof *all;
+    if (sha256_tagged(tag_setup, sizeof tag_setup, all, n, h) != 0 ||
+        sha256_tagged(tag_secret, sizeof tag_secret, all, n, secret) != 0)
+        return -1;
     memcpy(setup_id, h, RING_HS_SETUP_ID);
-    ring_sha256_init(&c);
-    ring_sha256_update(&c, tag_secret, sizeof tag_secret);
-    ring_sha256_update(&c, all, (size_t)size * sizeof *all);
-    ring_sha256_final(&c, secret);
+    return 0;
 }
 
 static void close_ring(struct ring *r)
@@ -451,10 +461,12 @@ static void setup(struct ring *r)
                                  .left_addr = all[(r->rank + r->size - 1) % r->size].addr,
                                  .right_addr = all[(r->rank + 1) % r->size].addr,
                                  .right_port = all[(r->rank + 1) % r->size].port};
-            ring_keys(all, r->size, hs.secret, hs.setup_id);
             int refused = 0;
             double t0 = now();
-            ok = ring_handshake(&hs, &r->send_fd, &r->recv_fd, &refused, why, sizeof why) == 0;
+            if (ring_keys(all, r->size, hs.secret, hs.setup_id) != 0)
+                ok = 0, snprintf(why, sizeof why, "libcrypto could not compute SHA-256");
+            else
+                ok = ring_handshake(&hs, &r->send_fd, &r->recv_fd, &refused, why, sizeof why) == 0;
             explicit_bzero(&hs, sizeof hs);
             setup_ms = 1e3 * (now() - t0);
             if (ok && refused && cfg.log)
