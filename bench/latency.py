@@ -6,8 +6,9 @@ out: MPI_Allreduce of float32 MPI_SUM on constant buffers, warm-up calls, then t
 call, averaged over the ranks. Sizes --min-size to --max-size bytes, doubling (default 4 KiB to
 4 MiB); OSU's iterations (1000 timed calls after 200 warm-ups up to 8 KiB, 100 after 10 above)
 unless --iterations / --warmup say otherwise. ``mpi`` is ``inceptionn mpirun --tag none``;
-``library`` is ``inceptionn mpirun --compress-allreduce`` at its defaults (no soft NIC runs here,
-so mode app; the path chosen per count, docs/mpi-allreduce.md) plus --library-args. The rounds
+``library`` is ``inceptionn mpirun --compress-allreduce`` at its defaults (mode app, or nic with
+--nic: the soft NIC runs on every host for both sides; the path chosen per count,
+docs/mpi-allreduce.md) plus --library-args. The rounds
 alternate the two, so both see the same load. Printed per size: the median over the rounds of
 each one's mean time per call (microseconds) and mpi / library (above 1: the library is faster).
 """
@@ -42,6 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=2, help="runs of each side per rate, alternating (default 2)")
     p.add_argument("--library-args", default="", help="more wrapper options for the library side, e.g. "
                    "'--allreduce-choose ring'")
+    p.add_argument("--nic", action="store_true", help="run the soft NIC on every host (the library: mode nic)")
     p.add_argument("--json", action="store_true", help="every run's figures as JSON")
     p.set_defaults(func=run)
 
@@ -58,18 +60,26 @@ def build(tmp: str) -> str:
 
 
 def run(args) -> int:
+    from contextlib import ExitStack
+
+    from inceptionn.daemon.launch import nicd
     from inceptionn.kernel_tc.testbed import Testbed
     if args.hosts < 2 or args.rounds < 1 or not 4 <= args.min_size <= args.max_size:
         raise UserError("need --hosts >= 2, --rounds >= 1 and 4 <= --min-size <= --max-size")
     it = [str(args.iterations or 1000), str(args.warmup if args.warmup is not None else 200),
           str(args.iterations or 100), str(args.warmup if args.warmup is not None else 10)]
     sides = {"mpi": ["--tag", "none"], "library": ["--compress-allreduce", *shlex.split(args.library_args)]}
-    out: dict = {"hosts": args.hosts, "mtu": args.mtu, "library_args": args.library_args, "rates": {}}
+    out: dict = {"hosts": args.hosts, "mtu": args.mtu, "library_args": args.library_args, "nic": args.nic, "rates": {}}
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tmp)
+        if args.nic:
+            sides["library"] += ["--allreduce-nicd-socket", f"{tmp}/%h.sock"]
         for rate in args.rates.split(","):
             runs: dict = {s: [] for s in sides}
-            with Testbed(hosts=args.hosts, rate=rate, mtu=args.mtu, name=f"lat{os.getpid()}") as tb:
+            with Testbed(hosts=args.hosts, rate=rate, mtu=args.mtu, name=f"lat{os.getpid()}") as tb, \
+                    ExitStack() as daemons:
+                for h in tb.hosts if args.nic else []:
+                    daemons.enter_context(nicd(h, f"{tmp}/{h.name}.sock", -10))
                 for rnd in range(args.rounds):
                     for side, wrapper in sides.items():
                         print(f"{rate} round {rnd + 1}/{args.rounds}: {side} ...", file=sys.stderr, flush=True)
@@ -84,7 +94,7 @@ def run(args) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"MPI_Allreduce latency (OSU's loop, float32 MPI_SUM, constant buffers), {args.hosts} testbed hosts, "
-          f"MTU {args.mtu}: mean us per call, median of {args.rounds} round(s); mpi/library above 1: the library "
+          f"MTU {args.mtu}{', soft NICs on' if args.nic else ''}: mean us per call, median of {args.rounds} round(s); mpi/library above 1: the library "
           f"is faster; library: --compress-allreduce {args.library_args}".rstrip())
     for rate, runs in out["rates"].items():
         print(f"\n{rate}:\n{'bytes':>9} {'mpi':>12} {'library':>12} {'mpi/library':>12}")
