@@ -5,11 +5,10 @@ The program is bench/allreduce_latency.c, the OSU micro-benchmarks' osu_allreduc
 out: MPI_Allreduce of float32 MPI_SUM on constant buffers, warm-up calls, then the mean time per
 call, averaged over the ranks. Sizes --min-size to --max-size bytes, doubling (default 4 KiB to
 4 MiB); OSU's iterations (1000 timed calls after 200 warm-ups up to 8 KiB, 100 after 10 above)
-unless --iterations / --warmup say otherwise. ``mpi`` is ``inceptionn mpirun --tag none``;
-``library`` is ``inceptionn mpirun --compress-allreduce`` at its defaults (mode app, or nic with
---nic: the soft NIC runs on every host for both sides; the path chosen per count,
-docs/mpi-allreduce.md) plus --library-args. The rounds
-alternate the two, so both see the same load. Printed per size: the median over the rounds of
+unless --iterations / --warmup say otherwise. mpi is inceptionn mpirun --tag none; library is
+the same with --compress-allreduce at its defaults (mode app, or nic with --nic: the soft NIC
+runs on every host for both sides; the path chosen per count, docs/mpi-allreduce.md) plus
+--library-args. The rounds alternate the two, so both see the same load. Printed per size: the median over the rounds of
 each one's mean time per call (microseconds) and mpi / library (above 1: the library is faster).
 """
 from __future__ import annotations
@@ -42,9 +41,9 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, help="warm-up calls per size (default OSU's: 200 up to 8 KiB, 10 above)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each side per rate, alternating (default 2)")
     p.add_argument("--library-args", default="", help="more wrapper options for the library side, e.g. "
-                   "'--allreduce-choose ring'")
+                   "'--allreduce-choose ring' (default: none)")
     p.add_argument("--nic", action="store_true", help="run the soft NIC on every host (the library: mode nic)")
-    p.add_argument("--json", action="store_true", help="every run's figures as JSON")
+    p.add_argument("--json", "-j", action="store_true", help="every run's figures as JSON")
     p.set_defaults(func=run)
 
 
