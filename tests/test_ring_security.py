@@ -393,6 +393,7 @@ def test_soft_nic_bound_reloaded_mid_job_aborts_before_a_result(tb_name, tmp_pat
     with testbed.Testbed(hosts=2, name=tb_name) as tb:
         with nicds(tb.hosts, tmp_path, [-10, -10]) as daemons:
             argv = [CLI, "mpirun", "--compress-allreduce", "--allreduce-min-count", str(N), "--allreduce-mode", "nic",
+                    "--allreduce-choose", "ring",   # 40 calls: every one on the ring, whose check ends the job
                     "--allreduce-nicd-socket", f"{tmp_path}/%h.sock", "--testbed", tb_name, "--slots", str(SLOTS),
                     "-np", str(WORLD), "--", prog, str(N), "1", str(calls), "150", "world"]
             job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
