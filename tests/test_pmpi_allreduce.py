@@ -154,8 +154,8 @@ def test_mpi4py_script_app_mode_and_fallback(tb_name, tmp_path, prog):
         warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln and "inceptionn-mpi" in ln]
         assert len(warnings) == WORLD, r.stderr
         assert all("the MPI_Allreduce library is off for this job: rank 1's settings differ from rank 0's (mode app, "
-                   "min count 65536, error bound -10, chunk 1000, codec inceptionn, version 3; rank 0: mode app, min "
-                   "count 65536, error bound -10, chunk 65536, codec inceptionn, version 3)" in w for w in warnings), warnings
+                   "min count 65536, error bound -10, chunk 1000, codec inceptionn, version 4; rank 0: mode app, min "
+                   "count 65536, error bound -10, chunk 65536, codec inceptionn, version 4)" in w for w in warnings), warnings
         assert (mix / "rank0_inplace.bin").read_bytes() == (plain_c / "rank0_inplace.bin").read_bytes()
 
         # mid-call: rank 3 is killed while the ranks loop over MPI_Allreduce; the job ends (no hang),
