@@ -35,11 +35,9 @@
 
 #define INC_MPI_DEFAULT_MIN_COUNT 65536
 #define INC_MPI_DEFAULT_CHUNK 65536
-#define INC_MPI_DEFAULT_ERROR_BOUND (-10)
 #define INC_MPI_DEFAULT_TIMEOUT 300
 #define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
-#define INC_MPI_DEFAULT_NICD_SOCKET "/run/inceptionn/nicd.sock"   /* daemon/settings.py's default */
 #define INC_MPI_SETTINGS_VERSION 3       /* the settings and the handshake this build speaks (3: the codec) */
 
 /* collective/pmpi_abi.c: stop with one line if another MPI family's libmpi is in the process */
