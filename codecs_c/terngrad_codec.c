@@ -396,16 +396,12 @@ static int tg_dec(const struct re_codec *c, const uint8_t *in, size_t len, float
     return tg_decode(in, len, out, n, NULL);
 }
 
-void re_codec_terngrad(struct re_codec *c, struct re_tg *s)
+void re_codec_terngrad(struct re_codec *c, void *state)
 {
-    *c = (struct re_codec){.name = "terngrad", .state = s, .max_encoded_size = tg_max_size, .encode = tg_enc,
+    *c = (struct re_codec){.name = "terngrad", .state = state, .max_encoded_size = tg_max_size, .encode = tg_enc,
                            .decode = tg_dec, .strerror = tg_strerror};
 }
 
-static void tg_make(struct re_codec *c, void *state)
-{
-    re_codec_terngrad(c, state);
-}
 
 /* this rank's random stream; its position (draw) carries on from call to call in the state */
 static int tg_begin(void *state, const struct re_call *call)
@@ -427,4 +423,4 @@ static const struct re_tg TG_DEFAULTS = {.clip = 2.5, .shared = -1.0f, .packing 
 /* a whole tensor per encode (its scaler), no error feedback, a random stream per worker */
 const struct re_codec_desc re_codec_terngrad_desc = {
     .name = "terngrad", .app = 1, .state_type = "struct re_tg", .state_size = sizeof TG_DEFAULTS,
-    .defaults = &TG_DEFAULTS, .make = tg_make, .begin = tg_begin, .describe = tg_describe};
+    .defaults = &TG_DEFAULTS, .make = re_codec_terngrad, .begin = tg_begin, .describe = tg_describe};

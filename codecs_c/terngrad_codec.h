@@ -116,7 +116,7 @@ struct re_tg {
     uint64_t seed, draw;
 };
 
-void re_codec_terngrad(struct re_codec *c, struct re_tg *s);
+void re_codec_terngrad(struct re_codec *c, void *state);   /* state: a struct re_tg */
 
 #ifdef __cplusplus
 }

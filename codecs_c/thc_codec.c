@@ -1319,9 +1319,9 @@ static ptrdiff_t thc_enc_sum(const struct re_codec *c, const float *x, size_t n,
     return got;
 }
 
-void re_codec_thc(struct re_codec *c, struct re_thc *s)
+void re_codec_thc(struct re_codec *c, void *state)
 {
-    *c = (struct re_codec){.name = "thc", .state = s, .max_encoded_size = thc_max_size, .encode = thc_enc,
+    *c = (struct re_codec){.name = "thc", .state = state, .max_encoded_size = thc_max_size, .encode = thc_enc,
                            .decode = thc_dec, .sum_encoded = thc_add, .count_encoded = thc_count,
                            .encode_sum = thc_enc_sum, .release = thc_release, .strerror = thc_strerror};
 }
@@ -1361,10 +1361,6 @@ static void thc_describe(const void *state, const struct re_call *call, char *ou
         snprintf(out + n, cap - (size_t)n, ")");
 }
 
-static void thc_make(struct re_codec *c, void *state)
-{
-    re_codec_thc(c, state);
-}
 
 static const struct re_thc THC_DEFAULTS = {.bits = THC_DEFAULT_BITS, .granularity = THC_DEFAULT_GRANULARITY,
                                            .table = THC_DEFAULT_TABLE, .t_p = THC_DEFAULT_T_P};
@@ -1373,5 +1369,5 @@ static const struct re_thc THC_DEFAULTS = {.bits = THC_DEFAULT_BITS, .granularit
  * seeds; summed in the encoded domain */
 const struct re_codec_desc re_codec_thc_desc = {
     .name = "thc", .wants_error_feedback = 1, .needs_agreement = 1, .app = 1, .summed = 1,
-    .state_type = "struct re_thc", .state_size = sizeof THC_DEFAULTS, .defaults = &THC_DEFAULTS, .make = thc_make,
+    .state_type = "struct re_thc", .state_size = sizeof THC_DEFAULTS, .defaults = &THC_DEFAULTS, .make = re_codec_thc,
     .local_stat = thc_local_stat, .begin = thc_begin, .describe = thc_describe};

@@ -216,7 +216,7 @@ struct re_thc {
     size_t work_dim;
 };
 
-void re_codec_thc(struct re_codec *c, struct re_thc *s);
+void re_codec_thc(struct re_codec *c, void *state);   /* state: a struct re_thc */
 
 /* Frees the scratch of s (idempotent; the other fields are left as they are). */
 void re_thc_release(struct re_thc *s);

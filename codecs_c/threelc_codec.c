@@ -312,16 +312,12 @@ static int tlc_dec(const struct re_codec *c, const uint8_t *in, size_t len, floa
     return tlc_decode(in, len, out, n, NULL);
 }
 
-void re_codec_threelc(struct re_codec *c, struct re_tlc *s)
+void re_codec_threelc(struct re_codec *c, void *state)
 {
-    *c = (struct re_codec){.name = "3lc", .state = s, .max_encoded_size = tlc_max_size, .encode = tlc_enc,
+    *c = (struct re_codec){.name = "3lc", .state = state, .max_encoded_size = tlc_max_size, .encode = tlc_enc,
                            .decode = tlc_dec, .strerror = tlc_strerror};
 }
 
-static void tlc_make(struct re_codec *c, void *state)
-{
-    re_codec_threelc(c, state);
-}
 
 static void tlc_describe(const void *state, const struct re_call *call, char *out, size_t cap)
 {
@@ -335,4 +331,4 @@ static const struct re_tlc TLC_DEFAULTS = {.sparsity = 1.0f, .zre = 1};
 /* a whole tensor per encode (max|A|), specified with an error-accumulation buffer, stateless */
 const struct re_codec_desc re_codec_threelc_desc = {
     .name = "3lc", .wants_error_feedback = 1, .thread_safe = 1, .app = 1, .state_type = "struct re_tlc",
-    .state_size = sizeof TLC_DEFAULTS, .defaults = &TLC_DEFAULTS, .make = tlc_make, .describe = tlc_describe};
+    .state_size = sizeof TLC_DEFAULTS, .defaults = &TLC_DEFAULTS, .make = re_codec_threelc, .describe = tlc_describe};

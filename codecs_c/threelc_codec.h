@@ -94,7 +94,7 @@ struct re_tlc {
     int zre;
 };
 
-void re_codec_threelc(struct re_codec *c, struct re_tlc *s);
+void re_codec_threelc(struct re_codec *c, void *state);   /* state: a struct re_tlc */
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@
  *   INCEPTIONN_MPI_CODEC        inceptionn (default), thc, 3lc or terngrad (app mode only), at
  *                               the Python codecs' defaults; fft is refused (numpy's only)
  *   INCEPTIONN_MPI_MIN_COUNT    smallest count taken (default 65536 values)
- *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default -10, nicd's default; in nic mode
+ *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default: inceptionn_contract.h's, nicd's; in nic mode
  *                               it must be the daemons' bound)
  *   INCEPTIONN_MPI_CHUNK        values per pipelined chunk (default 65536)
  *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting, and the one
