@@ -22,13 +22,20 @@ SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fra
 FUZZ_SECONDS ?= 600
 FUZZ_NAMES ?= $(patsubst build/fuzz_%,%,$(FUZZ_TARGETS))
 
-.PHONY: all demo test test-portable bench check-c fuzz clean install-service uninstall-service wheelhouse
+.PHONY: all demo test test-portable bench check-c fuzz clean install-service uninstall-service wheelhouse FORCE
+
+# `NICD_PROFILE=1 make` builds the data path with its phase timers (docs/perf.md). The choice is
+# kept in a file that changes only when the choice does, so switching it rebuilds the extension.
+export NICD_PROFILE
+build/nicd-profile.flag: FORCE
+	@mkdir -p build
+	@echo "$(NICD_PROFILE)" | cmp -s - $@ || echo "$(NICD_PROFILE)" > $@
 
 all: $(VENV)/.installed
 
 # The venv, the package (editable) and its cffi extension. Rebuilt when a source or the
 # package metadata changes.
-$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) $(wildcard collective/*.c collective/*.h collective/*.cdef) collective/build_ffi.py daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC)
+$(VENV)/.installed: pyproject.toml setup.py codecs_c/build_ffi.py $(SHIM_SRC) $(wildcard collective/*.c collective/*.h collective/*.cdef) collective/build_ffi.py daemon/build_ffi.py $(CODEC_SRC) $(CODEC_HDR) $(DATAPATH_SRC) build/nicd-profile.flag
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -U pip "setuptools>=68" wheel "cffi>=1.16"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]"

@@ -14,6 +14,7 @@ APT_PACKAGES=(
   iproute2 iptables iputils-ping ethtool iperf3          # testbed, rules, link checks
   nftables procps                                        # nft (netdev counters in tests), sysctl (testbed)
   libnetfilter-queue-dev                                 # the soft NIC's queue
+  libssl-dev                                             # libcrypto: the ring handshake's HMAC-SHA256
   openmpi-bin libopenmpi-dev                             # mpirun wrapper, mpi4py, MPI baseline
   mpich libmpich-dev                                     # the MPI_Allreduce library's MPICH build, mpiexec.hydra
   slurmctld slurmd slurm-client munge                    # the Slurm test (daemons only in testbed namespaces)
@@ -62,4 +63,5 @@ for alt in mpi mpirun mpi-x86_64-linux-gnu; do   # masters; libmpi.so and the re
   fi
 done
 
-exec make --no-print-directory "${@:-test}"
+# Two jobs per core pair: the sanitizer and fuzz binaries build beside the venv.
+exec make --no-print-directory -j"$(nproc)" "${@:-test}"

@@ -8,6 +8,9 @@ gradients captured from training, tiled to the size asked) with, side by side in
   ring-gso  the same ring on tagged sockets: the soft NICs compress both legs (INC+C) in their
             default mode, gso (super-packets in, MTU-sized compressed packets out)
   gloo      torch.distributed's gloo allreduce (needs torch)
+  gloo-fp16 what a PyTorch user adds instead: gloo as DistributedDataParallel runs it with torch's
+  gloo-bf16 own fp16_compress_hook / bf16_compress_hook (ddp_comm_hooks.default_hooks) on each
+            25 MiB bucket: the gradient crosses as 16-bit values
   mpi       MPI_Allreduce through mpi4py, launched with inceptionn mpirun (OpenMPI defaults)
 
 and on request (--impls): mpi-nic and mpi-app, the same unmodified mpi4py program under
@@ -49,9 +52,12 @@ from ..daemon.launch import nicd, read_stats
 from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import format_rate, parse_rate
+from .allreduce_peer import HOOK_IMPLS
 
-HELP = "ring allreduce with and without the soft NIC against gloo and OpenMPI, 2 to 8 hosts"
-IMPLS = ("ring", "ring-gso", "gloo", "mpi")          # the default comparison: the daemons' default, gso
+HELP = "ring allreduce with and without the soft NIC against gloo, DDP's fp16/bf16 hooks and OpenMPI, 2 to 8 hosts"
+IMPLS = ("ring", "ring-gso", "gloo", "gloo-fp16", "gloo-bf16", "mpi")   # the default comparison: the daemons' default, gso
+GLOO_IMPLS = ("gloo", "gloo-fp16", "gloo-bf16")      # torch.distributed over gloo (need torch)
+HOOKS = tuple(HOOK_IMPLS)                            # DDP's 16-bit compress hooks
 EXTRA_IMPLS = ("ring-app", "ring-nic", "ring-notag", "wa", "wa-nic", "mpi-nic", "mpi-app")  # on request
 MPI_IMPLS = ("mpi", "mpi-nic", "mpi-app")            # launched with inceptionn mpirun
 GSO_IMPLS = ("ring-gso", "mpi-nic")                  # run with the daemons in gso mode (their default)
@@ -340,11 +346,14 @@ def print_report(r: dict) -> None:
             nmse = row.get(lead, {}).get("nmse")
             nmse = f"{nmse:.2e}" if nmse is not None else "-"
             print(f"{size:>5}  " + "  ".join(f"{c:>22}" for c in cells) + f"  {sp[0]} / {sp[1]}         {nmse}")
-            if "gloo" in row:  # every compressing ring against gloo
-                vs = [f"{i} {row['gloo']['median'] / row[i]['median']:.2f}x" for i in ("ring-app", "ring-nic", "ring-gso")
-                      if i in row]
-                if vs:
-                    print(f"{'':>5}  faster than gloo: " + ", ".join(vs))
+            lossy = [f"{i} {row[i]['nmse']:.2e}" for i in r["impls"] if row[i]["nmse"] and i != lead]
+            if lossy:   # the float32 paths' error is zero or rounding
+                print(f"{'':>5}  NMSE of one reduction: " + ", ".join(lossy))
+            ours = [i for i in ("ring-app", "ring-nic", "ring-gso", "mpi-nic", "mpi-app") if i in row]
+            for peer in ("gloo",) + HOOKS:  # every compressing ring against gloo and DDP's hooks
+                vs = [f"{i} {row[peer]['median'] / row[i]['median']:.2f}x" for i in ours]
+                if peer in row and vs:
+                    print(f"{'':>5}  faster than {peer}: " + ", ".join(vs))
             if size in link.get("compression", {}):
                 print(f"{'':>5}  " + compression_line(link["compression"][size], r["error_bound"], row.get("ring-app")))
             if "mpi" in row:  # the unmodified MPI program with the library against OpenMPI alone
@@ -364,7 +373,8 @@ def print_report(r: dict) -> None:
           "through the soft NICs (INC+C) in their default mode, gso; ring-nic = the same per packet (nicd --no-gso); "
           "ring-app = the same ring compressing in the collective (no daemon); mpi-nic / mpi-app = MPI_Allreduce "
           "of the unmodified mpi4py program through the library of `inceptionn mpirun --compress-allreduce`, soft "
-          "NICs / codec in the library; wa-nic = worker-aggregator, gradient leg compressed. "
+          "NICs / codec in the library; gloo-fp16 / gloo-bf16 = gloo with DDP's fp16 / bf16 compress hook (torch's "
+          "own) per 25 MiB bucket, NMSE of the mean they return times the ranks; wa-nic = worker-aggregator, gradient leg compressed. "
           "Compression: what every compressing ring (ring-*, mpi-nic, mpi-app) puts through the codec in one call, "
           "wire format v2 (a power of two per 256 values at every hop) beside v1 (one per 65,536 values scaled for "
           "N x max, the rings before issue 29), through bench scale's simulator; the soft NICs add their packet "
@@ -395,11 +405,12 @@ def run(args) -> int:
     if any(not 1 <= c <= 2**31 - 1 for c in counts):
         raise UserError("--counts: numbers of values, 1..2147483647")
     reps = args.reps if args.reps is not None else (SWEEP_REPS if args.sweep else 3)
-    if "gloo" in impls:
+    if set(GLOO_IMPLS) & set(impls):
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise UserError("gloo needs PyTorch: pip install 'inceptionn[torch]' (or drop gloo from --impls)") from None
+            raise UserError(f"{', '.join(i for i in impls if i in GLOO_IMPLS)} need PyTorch: pip install "
+                            "'inceptionn[torch]' (or drop them from --impls)") from None
     if set(MPI_IMPLS) & set(impls) and shutil.which("mpirun") is None:
         raise UserError("mpi needs OpenMPI's mpirun (Debian: openmpi-bin), or drop mpi from --impls")
     rates = _csv(args.rates, "rates")

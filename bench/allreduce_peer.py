@@ -9,7 +9,9 @@ soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemo
 ``ring-app`` (the same ring compressing inside the collective, codec in the application, untagged
 sockets, no daemon involved), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
 ``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the
-cost of the application side alone), ``gloo`` (torch.distributed), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI;
+cost of the application side alone), ``gloo`` (torch.distributed), ``gloo-fp16`` / ``gloo-bf16``
+(gloo as DDP runs it with torch's ``fp16_compress_hook`` / ``bf16_compress_hook``: per 25 MiB
+bucket, cast to 16 bits, divide by WORLD, allreduce, cast back; the NMSE is of WORLD x that mean), ``mpi`` (MPI_Allreduce through mpi4py; RANK/WORLD come from MPI;
 ``mpi-nic`` and ``mpi-app`` are the same program, launched with the MPI_Allreduce library).
 WORKDIR holds ``grad<rank>.npy`` (this rank's input) and ``exact.npy`` (the float64 sum), and
 is the rendezvous directory of the ring. Every rep starts after a barrier and copies the input
@@ -28,8 +30,11 @@ import zlib
 import numpy as np
 
 
+HOOK_IMPLS = {"gloo-fp16": "fp16", "gloo-bf16": "bf16"}   # DDP's hooks: train/torch_hooks.py
+
+
 def _barrier_fn(impl: str, group=None, dist=None, comm=None):
-    if impl == "gloo":
+    if impl.startswith("gloo"):
         return dist.barrier
     if impl.startswith("mpi"):
         return comm.Barrier
@@ -49,12 +54,16 @@ def main(argv: list[str]) -> int:
     x = np.load(os.path.join(workdir, f"grad{rank}.npy"))
     buf = np.empty_like(x)
 
-    if impl == "gloo":
+    if impl.startswith("gloo"):
         import torch
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world)
         t = torch.from_numpy(buf)
-        op = lambda: dist.all_reduce(t)  # noqa: E731
+        if impl in HOOK_IMPLS:
+            from inceptionn.train.torch_hooks import hook_allreduce
+            op = hook_allreduce(HOOK_IMPLS[impl], t)
+        else:
+            op = lambda: dist.all_reduce(t)  # noqa: E731
     elif impl.startswith("mpi"):
         from mpi4py import MPI
         op = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # noqa: E731
@@ -88,7 +97,8 @@ def main(argv: list[str]) -> int:
                 out["first_call_bytes"] = dict(group.stats.last.bytes_sent)
             if rank == 0:
                 exact = np.load(os.path.join(workdir, "exact.npy"))
-                err = buf.astype(np.float64) - exact  # wa-nic: update_fn returns the sum itself
+                # wa-nic: update_fn returns the sum itself; the DDP hooks return the mean
+                err = buf.astype(np.float64) * (world if impl in HOOK_IMPLS else 1) - exact
                 out["nmse"] = float(np.dot(err, err) / max(np.dot(exact, exact), 1e-300))
     barrier()
     out["seconds"] = times[1:]

@@ -11,6 +11,7 @@ BENCHMARKS = [
     ("codecs", "codecs"),        # all five codecs side by side
     ("nic", "nic"),              # soft NIC goodput
     ("allreduce", "allreduce"),  # ring vs gloo vs MPI
+    ("latency", "latency"),      # a standard MPI allreduce benchmark, stock vs the library
     ("scale", "scale"),          # ring precision vs ranks, simulated
     ("train", "train"),          # WA / INC training time and accuracy
 ]

@@ -27,8 +27,12 @@ CONFIGS = {
     "inc+c-neither": ("inc", "nic", False, False),
     # the workers send raw values, as an unmodified program would; the soft NICs scale per packet
     "inc+c-scaled": ("inc", "nic-scaled", False, False),
+    # on request (need torch): what a PyTorch user runs, DDP's exchange over gloo with torch's hooks
+    "ddp": ("ddp", "none", None, None),
+    "ddp-fp16": ("ddp", "fp16", None, None),
+    "ddp-bf16": ("ddp", "bf16", None, None),
 }
-DEFAULT_CONFIGS = ",".join(CONFIGS)
+DEFAULT_CONFIGS = ",".join(c for c in CONFIGS if not c.startswith("ddp"))
 
 
 def parse_configs(text: str) -> list[str]:
@@ -37,7 +41,7 @@ def parse_configs(text: str) -> list[str]:
     names = [c.strip().lower() for c in text.split(",") if c.strip()]
     bad = [c for c in names if c not in CONFIGS]
     if bad or not names:
-        raise UserError(f"--configs: unknown {', '.join(bad) or 'empty list'}; choose from {DEFAULT_CONFIGS}")
+        raise UserError(f"--configs: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(CONFIGS)}")
     return list(dict.fromkeys(names))
 
 
@@ -124,7 +128,7 @@ def run(args) -> int:
             algo, compress, scaling, feedback = CONFIGS[n]
             configs.append(TrainConfig(algo=algo, compress=compress, scaling=scaling, error_feedback=feedback,
                                        error_bound=args.error_bound, epochs=args.epochs, max_iters=args.max_iters,
-                                       data=args.data, seed=seed, lr=args.lr))
+                                       data=args.data, seed=seed, lr=args.lr, warmup=args.warmup_iters))
     data = preflight(configs[0])
     if args.chart and not args.chart.lower().endswith(".png"):
         raise UserError(f"--chart must name a .png file, got {args.chart}")
@@ -153,7 +157,8 @@ def run(args) -> int:
     report = {
         "settings": {"dataset": r0.dataset, "hosts": r0.hosts, "rate": rate, "mtu": args.mtu, "epochs": args.epochs,
                      "iters_per_epoch": r0.iters_per_epoch, "seeds": seeds, "configs": names,
-                     "error_bound": args.error_bound, "lr": args.lr, "load_average": os.getloadavg()},
+                     "error_bound": args.error_bound, "lr": args.lr, "warmup_iters": args.warmup_iters,
+                     "load_average": os.getloadavg()},
         "time": comparison_rows(results),
         "accuracy": accuracy_rows(results, diverged),
         "diverged": [{"name": n, "seed": sd} for n, sd in diverged],
@@ -177,7 +182,9 @@ def add_arguments(p) -> None:
 
     add_training_arguments(p, epochs_default=20, switches=False)  # digits: converged, so seeds agree to ~1 point
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help=f"comma-separated configurations (default all: {DEFAULT_CONFIGS})")
+                   help=f"comma-separated configurations (default {DEFAULT_CONFIGS}); ddp, ddp-fp16, ddp-bf16 "
+                   "on request: DDP's exchange over gloo without a hook and with its fp16 / bf16 compress hooks "
+                   "(need torch)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, from --seed on (default 3)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seed-list", metavar="S,S,...", help="explicit seeds instead of --seeds/--seed")

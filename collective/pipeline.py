@@ -5,8 +5,8 @@ order a call takes them:
    feedback, keyed per tensor);
 2. the plan round on the control plane (every rank called the same thing);
 3. codec agreement, for codecs that need shared parameters (``needs_agreement``);
-4. the engine, which scales per block and per hop where the codec asks for it (ring.Wire) and
-   records ``sent - decoded`` into the error-feedback sink;
+4. the engine (the C ring engine through engine.py, or wa.py), which scales per block and per hop
+   where the codec asks for it and records ``sent - decoded`` into the error-feedback sink;
 5. remember the residual for next time.
 
 A ``Pipeline`` is one call: it owns the call's ``CallStats`` and ``Timers`` and records them in

@@ -45,6 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "log_line.h"
@@ -52,7 +54,6 @@
 #include "pmpi_allreduce.h"
 #include "ring_engine.h"
 #include "ring_handshake.h"
-#include "ring_sha256.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -99,7 +100,13 @@ static struct {
     char iface[64];
     char nicd_socket[108];    /* nic mode: the local soft NIC's stats socket, %h expanded */
     char k_from[160];         /* where cfg.k came from, for the log */
+    int choose;               /* INCEPTIONN_MPI_CHOOSE: CHOOSE_AUTO, CHOOSE_RING or CHOOSE_MPI */
+    int probe_inject;         /* INCEPTIONN_MPI_PROBE_TIMES given (tests): probe_ms replaces the measured times */
+    double probe_ms[2];       /* the ring's, MPI's own */
 } cfg;
+
+enum { CHOOSE_AUTO = 0, CHOOSE_RING, CHOOSE_MPI, CHOOSE_COUNT };
+static const char *const CHOOSE_NAME[CHOOSE_COUNT] = {"auto", "ring", "mpi"};
 
 /* The settings every rank must share, agreed over MPI_COMM_WORLD in MPI_Init (agree_settings):
  * until then (MPI_Init never seen) and after a mismatch nothing is taken. */
@@ -114,7 +121,23 @@ struct residual {
     size_t n;
     unsigned long used;       /* the ring's call number when last used (LRU) */
     float *lost;              /* n values, unscaled */
+    int owed;                 /* a ring call refilled lost since a call of MPI's own spent it */
     struct residual *next;
+};
+
+/* INCEPTIONN_MPI_CHOOSE=auto: one count class [2^c, 2^(c+1)) on one communicator. MPI orders the
+ * collectives on a communicator, so every rank counts the class's calls alike and makes the same
+ * calls probe calls; a round's decision is taken from the max over ranks of the measured times,
+ * so every rank takes the same path (the paths give different results). */
+struct choice {
+    unsigned long calls;      /* calls of this class so far */
+    unsigned long next_round; /* the call that starts the next probe round (0: the first call) */
+    unsigned long interval;   /* calls from the last decision to next_round */
+    int samples;              /* probe calls of this round done */
+    int use_mpi;              /* the decision: MPI's own, or the ring (also before the first) */
+    double ring_s[INC_MPI_PROBE_CALLS], mpi_s[INC_MPI_PROBE_CALLS];   /* this rank's, this round */
+    float *copy;              /* a probe call's input, which MPI's own sums beside the ring */
+    size_t copy_cap;
 };
 
 /* One communicator's ring. Calls on it are serialized by mu (MPI_THREAD_MULTIPLE programs). */
@@ -125,6 +148,7 @@ struct ring {
     MPI_Comm comm;
     unsigned long calls;
     struct residual *residuals;
+    struct choice choice[INC_MPI_CHOICE_CLASSES];   /* by count class (auto) */
     int foreign;              /* holds processes of another MPI_COMM_WORLD: never taken */
     uint64_t rounds;          /* taken calls so far: THC's round number (every rank counts the same) */
     uint64_t noise_seed;      /* this rank's own, from getrandom() at setup: THC's rounding noise */
@@ -300,6 +324,30 @@ __attribute__((constructor)) static void load_settings(void)
     } else if (f && *f) {
         snprintf(cfg.iface, sizeof cfg.iface, "%s", f);  /* resolved at setup (interfaces may come later) */
     }
+    const char *ch = getenv("INCEPTIONN_MPI_CHOOSE");
+    cfg.choose = -1;
+    for (int i = 0; i < CHOOSE_COUNT && cfg.choose < 0; i++)
+        if (!ch || !*ch ? i == CHOOSE_AUTO : !strcmp(ch, CHOOSE_NAME[i]))
+            cfg.choose = i;
+    if (cfg.choose < 0) {
+        say("error: bad INCEPTIONN_MPI_CHOOSE '%.40s': use auto, ring or mpi", ch);
+        _exit(2);
+    }
+    const char *pt = getenv("INCEPTIONN_MPI_PROBE_TIMES");
+    if (pt && *pt) {
+        char *end = NULL;
+        cfg.probe_ms[0] = strtod(pt, &end);
+        if (end && *end == ',')
+            cfg.probe_ms[1] = strtod(end + 1, &end);
+        else
+            end = NULL;
+        if (!end || *end || !(cfg.probe_ms[0] >= 0 && cfg.probe_ms[0] <= 1e9) ||
+            !(cfg.probe_ms[1] >= 0 && cfg.probe_ms[1] <= 1e9)) {
+            say("error: bad INCEPTIONN_MPI_PROBE_TIMES '%.40s': RING_MS,MPI_MS (tests only), each 0..1e9", pt);
+            _exit(2);
+        }
+        cfg.probe_inject = 1;
+    }
 }
 
 static void ring_fail(struct ring *r, const char *what) __attribute__((noreturn));
@@ -320,23 +368,32 @@ struct endpoint {
     uint8_t contrib[16];      /* this rank's share of the communicator's secret, from getrandom() */
 };
 
+/* SHA-256 (libcrypto) of tag, then n bytes of data; 0, or -1 if libcrypto failed. */
+static int sha256_tagged(const char *tag, size_t taglen, const void *data, size_t n, uint8_t out[32])
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    unsigned len = 0;
+    int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, tag, taglen) &&
+             EVP_DigestUpdate(c, data, n) && EVP_DigestFinal_ex(c, out, &len) && len == 32;
+    EVP_MD_CTX_free(c);
+    return ok ? 0 : -1;
+}
+
 /* The ring's secret and setup id, the same on every rank: hashes of every rank's endpoint (and
- * so of every rank's random contribution), which only MPI's own channel carried. */
-static void ring_keys(const struct endpoint *all, int size, uint8_t secret[RING_HS_SECRET],
-                      uint8_t setup_id[RING_HS_SETUP_ID])
+ * so of every rank's random contribution), which only MPI's own channel carried. 0, or -1 if
+ * libcrypto failed. */
+static int ring_keys(const struct endpoint *all, int size, uint8_t secret[RING_HS_SECRET],
+                     uint8_t setup_id[RING_HS_SETUP_ID])
 {
     static const char tag_secret[] = "inceptionn ring secret v2", tag_setup[] = "inceptionn ring setup v2";
-    uint8_t h[RING_SHA256_BYTES];
-    struct ring_sha256 c;
-    ring_sha256_init(&c);
-    ring_sha256_update(&c, tag_setup, sizeof tag_setup);
-    ring_sha256_update(&c, all, (size_t)size * sizeof *all);
-    ring_sha256_final(&c, h);
+    _Static_assert(RING_HS_SECRET == 32 && RING_HS_SETUP_ID <= 32, "the keys are SHA-256 hashes");
+    uint8_t h[32];
+    size_t n = (size_t)size * sizeof *all;
+    if (sha256_tagged(tag_setup, sizeof tag_setup, all, n, h) != 0 ||
+        sha256_tagged(tag_secret, sizeof tag_secret, all, n, secret) != 0)
+        return -1;
     memcpy(setup_id, h, RING_HS_SETUP_ID);
-    ring_sha256_init(&c);
-    ring_sha256_update(&c, tag_secret, sizeof tag_secret);
-    ring_sha256_update(&c, all, (size_t)size * sizeof *all);
-    ring_sha256_final(&c, secret);
+    return 0;
 }
 
 static void close_ring(struct ring *r)
@@ -444,10 +501,12 @@ static void setup(struct ring *r)
                                  .left_addr = all[(r->rank + r->size - 1) % r->size].addr,
                                  .right_addr = all[(r->rank + 1) % r->size].addr,
                                  .right_port = all[(r->rank + 1) % r->size].port};
-            ring_keys(all, r->size, hs.secret, hs.setup_id);
             int refused = 0;
             double t0 = now();
-            ok = ring_handshake(&hs, &r->send_fd, &r->recv_fd, &refused, why, sizeof why) == 0;
+            if (ring_keys(all, r->size, hs.secret, hs.setup_id) != 0)
+                ok = 0, snprintf(why, sizeof why, "libcrypto could not compute SHA-256");
+            else
+                ok = ring_handshake(&hs, &r->send_fd, &r->recv_fd, &refused, why, sizeof why) == 0;
             explicit_bzero(&hs, sizeof hs);
             setup_ms = 1e3 * (now() - t0);
             if (ok && refused && cfg.log)
@@ -549,6 +608,8 @@ static int delete_ring(MPI_Comm comm, int keyval, void *value, void *extra)
     pthread_mutex_unlock(&g_mu);
     pthread_mutex_lock(&r->mu);
     close_ring(r);
+    for (int c = 0; c < INC_MPI_CHOICE_CLASSES; c++)
+        free(r->choice[c].copy);
     double freed = 0;
     while (r->residuals) {
         struct residual *e = r->residuals;
@@ -710,6 +771,7 @@ static int ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 struct shared_settings {
     int32_t version, mode, k, chunk, k_from_nicd, bad, codec, pad;
     int64_t min_count;
+    int32_t choose, pad2;     /* INCEPTIONN_MPI_CHOOSE: ranks that choose differently would hang */
     char why[160];            /* bad: why this rank cannot state its settings */
 };
 
@@ -766,6 +828,7 @@ static void agree_settings(void)
         }
     }
     me.k = cfg.k;
+    me.choose = cfg.choose;
     int size = 0, rank = 0;
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
     PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -796,6 +859,10 @@ static void agree_settings(void)
             snprintf(line, sizeof line, "rank %d's settings differ from rank 0's (%s; rank 0: %s)", i, a, b);
         }
     }
+    for (int i = 1; i < size && !line[0]; i++)
+        if (all[i].choose != all[0].choose)
+            snprintf(line, sizeof line, "rank %d's INCEPTIONN_MPI_CHOOSE %s differs from rank 0's %s", i,
+                     CHOOSE_NAME[(unsigned)all[i].choose % CHOOSE_COUNT], CHOOSE_NAME[(unsigned)all[0].choose % CHOOSE_COUNT]);
     free(all);
     if (line[0]) {
         say("warning: the MPI_Allreduce library is off for this job: %s; every MPI_Allreduce is MPI's own", line);
@@ -863,6 +930,173 @@ static void check_result(struct ring *r, const float *x, size_t n, double *hash_
     _exit(1);
 }
 
+/* --- the ring or MPI's own, per communicator and count class (INCEPTIONN_MPI_CHOOSE) ---------- */
+
+/* What the summary says per count class, over every communicator: the calls of each path and the
+ * last decision with its agreed times. */
+static struct {
+    unsigned long ring_calls, mpi_calls, rounds;
+    int use_mpi;
+    double ring_s, mpi_s;
+} g_choice[INC_MPI_CHOICE_CLASSES];
+
+static int count_class(int count)
+{
+    return 31 - __builtin_clz((unsigned)count);     /* count >= the threshold >= 1 */
+}
+
+/* auto: the first INC_MPI_PROBE_CALLS calls of a class, and a round of as many every interval */
+static int probing(const struct choice *ch)
+{
+    return cfg.choose == CHOOSE_AUTO && ch->calls >= ch->next_round;
+}
+
+/* MPI's own on the probe call's input (its result is dropped: the call returns the ring's), after a
+ * barrier, as the ring's run starts after one: neither path pays for the ranks' arrival skew. */
+static double probe_mpi(struct ring *r, struct choice *ch, size_t n)
+{
+    if (PMPI_Barrier(r->comm) != MPI_SUCCESS)
+        ring_fail(r, "a probe's PMPI_Barrier failed");
+    double t0 = now();
+    if (PMPI_Allreduce(MPI_IN_PLACE, ch->copy, (int)n, MPI_FLOAT, MPI_SUM, r->comm) != MPI_SUCCESS)
+        ring_fail(r, "a probe's PMPI_Allreduce failed");
+    return now() - t0;
+}
+
+/* A probe call's start: its input copied for MPI's own, which runs first on every other probe (the
+ * order alternates); then the barrier the ring starts after. Returns MPI's time, or -1: not yet. */
+static double probe_start(struct ring *r, struct choice *ch, const void *input, size_t n)
+{
+    if (ch->copy_cap < n) {
+        free(ch->copy);
+        ch->copy_cap = 0;
+        if (!(ch->copy = malloc(n * sizeof(float))))
+            ring_fail(r, "out of memory for a probe call's copy of the input");
+        ch->copy_cap = n;
+    }
+    memcpy(ch->copy, input, n * sizeof(float));
+    double mpi_s = ch->samples % 2 == 0 ? probe_mpi(r, ch, n) : -1;
+    if (PMPI_Barrier(r->comm) != MPI_SUCCESS)
+        ring_fail(r, "a probe's PMPI_Barrier failed");
+    return mpi_s;
+}
+
+/* The end of a probe round: the max over ranks of every time (one PMPI_Allreduce of doubles, on
+ * probe calls only), the best of the round's calls per path, the faster path for the class. */
+static void decide(struct ring *r, struct choice *ch, int c)
+{
+    enum { P = INC_MPI_PROBE_CALLS };
+    double mine[2 * P], all[2 * P];
+    memcpy(mine, ch->ring_s, sizeof ch->ring_s);
+    memcpy(mine + P, ch->mpi_s, sizeof ch->mpi_s);
+    if (PMPI_Allreduce(mine, all, 2 * P, MPI_DOUBLE, MPI_MAX, r->comm) != MPI_SUCCESS)
+        ring_fail(r, "agreeing the probe calls' times: PMPI_Allreduce failed");
+    double ring = all[0], mpi = all[P];
+    for (int k = 1; k < P; k++) {
+        ring = fmin(ring, all[k]);
+        mpi = fmin(mpi, all[P + k]);
+    }
+    ch->use_mpi = mpi < ring;
+    ch->samples = 0;
+    ch->interval = ch->interval ? (ch->interval < INC_MPI_REPROBE_MAX / 2 ? 2 * ch->interval : INC_MPI_REPROBE_MAX)
+                                : INC_MPI_REPROBE_FIRST;
+    ch->next_round = ch->calls + ch->interval;
+    free(ch->copy);
+    ch->copy = NULL;
+    ch->copy_cap = 0;
+    pthread_mutex_lock(&g_mu);
+    g_choice[c].rounds++;
+    g_choice[c].use_mpi = ch->use_mpi;
+    g_choice[c].ring_s = ring;
+    g_choice[c].mpi_s = mpi;
+    pthread_mutex_unlock(&g_mu);
+    if (cfg.log)
+        say("chose %s for counts %ld-%ld on %d ranks: ring %.3f ms, MPI's own %.3f ms (the slowest rank's, best of %d "
+            "probe calls); next probe round in %lu calls", ch->use_mpi ? "MPI's own" : "the ring", 1L << c,
+            (2L << c) - 1, r->size, 1e3 * ring, 1e3 * mpi, P, ch->interval);
+}
+
+/* After a call of a class on the ring: count it; on a probe call, MPI's own if it did not run
+ * first, this rank's times (or INCEPTIONN_MPI_PROBE_TIMES'), and the decision after the round's
+ * last call. The residual the ring refilled is owed to the next call of its key. */
+static void ring_done(struct ring *r, struct choice *ch, int c, int probe, size_t n, double ring_s, double mpi_s,
+                      struct residual *ef)
+{
+    if (ef)
+        ef->owed = 1;
+    ch->calls++;
+    pthread_mutex_lock(&g_mu);
+    g_choice[c].ring_calls++;
+    pthread_mutex_unlock(&g_mu);
+    if (!probe)
+        return;
+    if (mpi_s < 0)
+        mpi_s = probe_mpi(r, ch, n);
+    int k = ch->samples++;
+    ch->ring_s[k] = cfg.probe_inject ? cfg.probe_ms[0] / 1e3 : ring_s;
+    ch->mpi_s[k] = cfg.probe_inject ? cfg.probe_ms[1] / 1e3 : mpi_s;
+    if (ch->samples == INC_MPI_PROBE_CALLS)
+        decide(r, ch, c);
+}
+
+/* A call of a class decided for MPI's own (called with r->mu held; unlocks it). A residual a ring
+ * call left goes into this rank's input first: MPI's sum loses nothing, so what was owed is paid. */
+static int mpi_chosen(struct ring *r, struct choice *ch, int c, const void *sendbuf, void *recvbuf, int count)
+{
+    double t0 = now();
+    size_t n = (size_t)count;
+    struct residual *e = NULL;
+    for (struct residual *i = cfg.feedback ? r->residuals : NULL; i && !e; i = i->next)
+        if (i->n == n && i->owed)
+            e = i;
+    int rc;
+    if (e) {
+        if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf)
+            memmove(recvbuf, sendbuf, n * sizeof(float));
+        re_compensate(recvbuf, e->lost, n);
+        memset(e->lost, 0, n * sizeof *e->lost);
+        e->owed = 0;
+        rc = PMPI_Allreduce(MPI_IN_PLACE, recvbuf, count, MPI_FLOAT, MPI_SUM, r->comm);
+    } else {
+        rc = PMPI_Allreduce(sendbuf, recvbuf, count, MPI_FLOAT, MPI_SUM, r->comm);
+    }
+    ch->calls++;
+    double dt = now() - t0;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&g_mu);
+    g_stats.taken++;
+    g_stats.taken_bytes += (double)n * 4;
+    g_stats.seconds += dt;
+    g_choice[c].mpi_calls++;
+    pthread_mutex_unlock(&g_mu);
+    if (cfg.log)
+        say("took MPI_Allreduce(count %d, float32, MPI_SUM) on %d ranks: %.3f ms, by MPI's own (chosen for counts "
+            "%ld-%ld)", count, r->size, dt * 1e3, 1L << c, (2L << c) - 1);
+    return rc;
+}
+
+/* The summary's lines per count class (with --log), after the summary line. */
+static void say_choices(void)
+{
+    for (int c = 0; c < INC_MPI_CHOICE_CLASSES; c++) {
+        unsigned long calls = g_choice[c].ring_calls + g_choice[c].mpi_calls;
+        if (!calls)
+            continue;
+        if (cfg.choose == CHOOSE_RING)
+            say("choice for counts %ld-%ld: the ring for all %lu calls (INCEPTIONN_MPI_CHOOSE=ring: never probed)",
+                1L << c, (2L << c) - 1, calls);
+        else if (!g_choice[c].rounds)
+            say("choice for counts %ld-%ld: none yet (fewer calls than the %d probe calls); %lu on the ring", 1L << c,
+                (2L << c) - 1, INC_MPI_PROBE_CALLS, calls);
+        else
+            say("choice for counts %ld-%ld: %s, as ring %.3f ms %s MPI's own %.3f ms (the slowest rank's, best of %d "
+                "probe calls, in the last of %lu rounds); %lu calls on the ring, %lu by MPI's own", 1L << c,
+                (2L << c) - 1, g_choice[c].use_mpi ? "MPI's own" : "the ring", 1e3 * g_choice[c].ring_s,
+                g_choice[c].use_mpi ? ">" : "<=", 1e3 * g_choice[c].mpi_s, INC_MPI_PROBE_CALLS, g_choice[c].rounds,
+                g_choice[c].ring_calls, g_choice[c].mpi_calls);
+    }
+}
+
 /* --- the interposed calls --------------------------------------------------------------------- */
 
 static double now(void)
@@ -924,6 +1158,8 @@ static int eligible(int count, MPI_Datatype dt, MPI_Op op, MPI_Comm comm, int *s
     }
     if (g_agree != AGREE_OK)
         return passed("the library is off: settings differ between ranks", count, dt, op);
+    if (cfg.choose == CHOOSE_MPI)
+        return passed("INCEPTIONN_MPI_CHOOSE=mpi", count, dt, op);
     return 1;
 }
 
@@ -947,6 +1183,11 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
         passed("this communicator fell back at setup", count, datatype, op);
         return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
     }
+    int cls = count_class(count), probe = probing(&r->choice[cls]);
+    if (!probe && r->choice[cls].use_mpi)
+        return mpi_chosen(r, &r->choice[cls], cls, sendbuf, recvbuf, count);   /* unlocks r->mu */
+    double mpi_s = probe ? probe_start(r, &r->choice[cls], sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf,
+                                       (size_t)count) : -1;
     double t0 = now();
     float *x = recvbuf;
     size_t n = (size_t)count;
@@ -961,6 +1202,7 @@ EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Data
     double tc = now(), dh = 0;
     check_result(r, x, n, &dh);
     double dc = now() - tc, dt = now() - t0;
+    ring_done(r, &r->choice[cls], cls, probe, n, dt, mpi_s, ef);
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&g_mu);
     g_stats.taken++;
@@ -1014,7 +1256,10 @@ EXPORT int MPI_Finalize(void)
         if (cfg.feedback)
             snprintf(ef, sizeof ef, "; error feedback: %.1f MiB of residuals at the end, %lu dropped", ef_held / 1048576.0,
                      g_stats.ef_dropped);
-        double per = g_stats.taken ? 1e6 / (double)g_stats.taken : 0.0;
+        double per = 0;   /* the result check is the ring's: per call on the ring */
+        for (int c = 0; c < INC_MPI_CHOICE_CLASSES; c++)
+            per += (double)g_choice[c].ring_calls;
+        per = per > 0 ? 1e6 / per : 0.0;
         char wire[128] = "";
         if (g_stats.wire_bytes > 0)
             snprintf(wire, sizeof wire, "; ring: %.2f MiB sent for %.2f MiB of float32 (%.2fx)",
@@ -1025,5 +1270,7 @@ EXPORT int MPI_Finalize(void)
             g_stats.taken_bytes / 1048576.0, g_stats.seconds, MODE_NAME[cfg.mode], CODEC->name, g_stats.passed,
             g_stats.passed_bytes / 1048576.0, ef, g_stats.check_seconds * per, g_stats.hash_seconds * per, wire);
     }
+    if (cfg.log)
+        say_choices();
     return PMPI_Finalize();
 }

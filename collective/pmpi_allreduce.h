@@ -26,6 +26,12 @@
  *   INCEPTIONN_MPI_NICD_SOCKET  nic mode: the local soft NIC's stats socket, whose error bound
  *                               replaces INCEPTIONN_MPI_ERROR_BOUND (%h: the host name; default
  *                               nicd's default socket)
+ *   INCEPTIONN_MPI_CHOOSE       auto (default): per communicator and count class [2^c, 2^(c+1)),
+ *                               the ring or MPI's own, whichever the probe calls measured faster
+ *                               (docs/mpi-allreduce.md, "Ring or MPI's own"); ring: always the ring;
+ *                               mpi: every call MPI's own
+ *   INCEPTIONN_MPI_PROBE_TIMES  tests only: RING_MS,MPI_MS replace this rank's measured times of
+ *                               every probe call (the decision still takes the max over ranks)
  *
  * Mode, codec, threshold, error bound and chunk are compared over MPI_COMM_WORLD in MPI_Init: a
  * difference turns the library off on every rank (docs/mpi-allreduce.md, "Settings").
@@ -36,6 +42,10 @@
 #define INC_MPI_DEFAULT_MIN_COUNT 65536
 #define INC_MPI_DEFAULT_CHUNK 65536
 #define INC_MPI_DEFAULT_TIMEOUT 300
+#define INC_MPI_CHOICE_CLASSES 31        /* count classes [2^c, 2^(c+1)) of an int count */
+#define INC_MPI_PROBE_CALLS 2            /* probe calls per round (one ring-first, one MPI-first) */
+#define INC_MPI_REPROBE_FIRST 256        /* calls of a class from a decision to the next round, */
+#define INC_MPI_REPROBE_MAX 8192         /* doubling after every round up to this */
 #define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
 #define INC_MPI_SETTINGS_VERSION 3       /* the settings and the handshake this build speaks (3: the codec) */

@@ -16,11 +16,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
 #include "inceptionn_contract.h"
 #include "pmpi_allreduce.h"
-#include "ring_sha256.h"
 
-enum { NONCE = 16, MAC = RING_SHA256_BYTES };
+enum { NONCE = 16, MAC = RING_HS_MAC };
 enum { HELLO_F = 4 + NONCE / 2, CHALLENGE_F = 2 + NONCE / 2 + MAC / 2, PROOF_F = MAC / 2 };
 #define MSG_MAX (CHALLENGE_F * 4)
 
@@ -44,8 +47,25 @@ static int ring_hs_decode(const float *in, size_t n, uint8_t *out)
     return 0;
 }
 
-static void mac(const struct ring_hs *p, char role, int crank, int arank, const uint8_t *nc, const uint8_t *na,
-                uint8_t out[MAC])
+int ring_hs_hmac(const uint8_t *key, size_t keylen, const void *const *parts, const size_t *lens, size_t nparts,
+                 uint8_t out[RING_HS_MAC])
+{
+    EVP_MAC *hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *c = hmac ? EVP_MAC_CTX_new(hmac) : NULL;
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+                           OSSL_PARAM_construct_end()};
+    size_t n = 0;
+    int ok = c && EVP_MAC_init(c, key, keylen, params);
+    for (size_t i = 0; ok && i < nparts; i++)
+        ok = EVP_MAC_update(c, parts[i], lens[i]);
+    ok = ok && EVP_MAC_final(c, out, &n, RING_HS_MAC) && n == RING_HS_MAC;
+    EVP_MAC_CTX_free(c);
+    EVP_MAC_free(hmac);
+    return ok ? 0 : -1;
+}
+
+static int mac(const struct ring_hs *p, char role, int crank, int arank, const uint8_t *nc, const uint8_t *na,
+               uint8_t out[MAC])
 {
     uint8_t ints[12];
     uint32_t v[3] = {(uint32_t)p->size, (uint32_t)crank, (uint32_t)arank};
@@ -54,15 +74,7 @@ static void mac(const struct ring_hs *p, char role, int crank, int arank, const 
             ints[4 * i + j] = (uint8_t)(v[i] >> (8 * j));
     const void *parts[] = {&role, p->setup_id, ints, nc, na};
     const size_t lens[] = {1, RING_HS_SETUP_ID, sizeof ints, NONCE, NONCE};
-    ring_hmac_sha256(p->secret, RING_HS_SECRET, parts, lens, 5, out);
-}
-
-static int same(const uint8_t *a, const uint8_t *b, size_t n)    /* constant time */
-{
-    uint8_t d = 0;
-    for (size_t i = 0; i < n; i++)
-        d |= a[i] ^ b[i];
-    return d == 0;
+    return ring_hs_hmac(p->secret, RING_HS_SECRET, parts, lens, 5, out);
 }
 
 int ring_random_bytes(uint8_t *out, size_t len)
@@ -134,11 +146,10 @@ static int accept_step(const struct ring_hs *p, struct conn *c, int left)
     if (c->stage == 1 && c->got == c->need) {
         float h[HELLO_F];
         memcpy(h, c->in, sizeof h);
-        if (!hello_ok(p, h, left) || ring_hs_decode(h + 4, NONCE, c->nc) != 0 ||
-            ring_random_bytes(c->na, NONCE) != 0)
-            return -1;
         uint8_t m[MAC];
-        mac(p, 'A', left, p->rank, c->nc, c->na, m);
+        if (!hello_ok(p, h, left) || ring_hs_decode(h + 4, NONCE, c->nc) != 0 ||
+            ring_random_bytes(c->na, NONCE) != 0 || mac(p, 'A', left, p->rank, c->nc, c->na, m) != 0)
+            return -1;
         float out[CHALLENGE_F] = {INC_MPI_HELLO_MAGIC, (float)RING_HS_VERSION};
         ring_hs_encode(c->na, NONCE, out + 2);
         ring_hs_encode(m, MAC, out + 2 + NONCE / 2);
@@ -148,10 +159,8 @@ static int accept_step(const struct ring_hs *p, struct conn *c, int left)
         float f[PROOF_F];
         uint8_t got[MAC], want[MAC];
         memcpy(f, c->in, sizeof f);
-        if (ring_hs_decode(f, MAC, got) != 0)
-            return -1;
-        mac(p, 'C', left, p->rank, c->nc, c->na, want);
-        if (!same(got, want, MAC))
+        if (ring_hs_decode(f, MAC, got) != 0 || mac(p, 'C', left, p->rank, c->nc, c->na, want) != 0 ||
+            CRYPTO_memcmp(got, want, MAC) != 0) /* constant time */
             return -1;
         c->stage = 3;
         return 1;
@@ -164,22 +173,24 @@ static int connect_step(const struct ring_hs *p, struct conn *c, int right, char
 {
     if (c->stage == 1 && c->got == c->need) {
         float f[CHALLENGE_F];
-        uint8_t m[MAC], want[MAC];
+        uint8_t m[MAC], want[MAC], proof[MAC];
         memcpy(f, c->in, sizeof f);
         if (f[0] != INC_MPI_HELLO_MAGIC || f[1] != (float)RING_HS_VERSION || ring_hs_decode(f + 2, NONCE, c->na) != 0 ||
             ring_hs_decode(f + 2 + NONCE / 2, MAC, m) != 0) {
             snprintf(why, whylen, "the right neighbour (rank %d) answered with something that is not the ring's handshake", right);
             return -1;
         }
-        mac(p, 'A', p->rank, right, c->nc, c->na, want);
-        if (!same(m, want, MAC)) {
+        if (mac(p, 'A', p->rank, right, c->nc, c->na, want) != 0 || mac(p, 'C', p->rank, right, c->nc, c->na, proof) != 0) {
+            snprintf(why, whylen, "libcrypto could not compute HMAC-SHA256");
+            return -1;
+        }
+        if (CRYPTO_memcmp(m, want, MAC) != 0) { /* constant time */
             snprintf(why, whylen, "the listener at the right neighbour's address (rank %d) could not prove the "
                      "communicator's secret", right);
             return -1;
         }
-        mac(p, 'C', p->rank, right, c->nc, c->na, m);
         float out[PROOF_F];
-        ring_hs_encode(m, MAC, out);
+        ring_hs_encode(proof, MAC, out);
         put_msg(c, out, PROOF_F);
         c->stage = 2, c->need = c->got;   /* nothing more to read */
     }

@@ -38,6 +38,12 @@ struct ring_hs {
     int lfd;                      /* the listener (made non-blocking here; shut down on failure) */
 };
 
+/* HMAC-SHA256 (libcrypto) under key of the concatenation of nparts parts (part i: parts[i], lens[i]
+ * bytes): the handshake's MAC. 0, or -1 if libcrypto failed. */
+#define RING_HS_MAC 32
+int ring_hs_hmac(const uint8_t *key, size_t keylen, const void *const *parts, const size_t *lens, size_t nparts,
+                 uint8_t out[RING_HS_MAC]);
+
 /* len bytes from getrandom() (the secret's shares, the nonces); 0, or -1 with errno */
 int ring_random_bytes(uint8_t *out, size_t len);
 

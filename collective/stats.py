@@ -1,6 +1,6 @@
 """What a Group measures: seconds and bytes per call (``CallStats``), summed per group and per
-operation (``GroupStats``), and the CPU seconds the engines' threads spend summing and in the
-codec (``Timers``)."""
+operation (``GroupStats``), and the seconds the engines spend summing and in the codec
+(``Timers``: wall time of those spans, which overlap the exchange)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +15,7 @@ _SECONDS = ("seconds", "exchange_seconds", "control_seconds", "sum_seconds", "co
 
 @dataclass
 class CallStats:
-    """One call, or a sum of calls. Seconds are wall time except sum/codec/scale (CPU, overlapped)."""
+    """One call, or a sum of calls. Seconds are wall time; sum/codec/scale overlap the exchange."""
 
     op: str = ""
     calls: int = 0
@@ -79,7 +79,7 @@ class GroupStats:
 
 
 class Timers:
-    """CPU seconds spent summing and in the codec, from any thread."""
+    """Seconds spent summing and in the codec (wall time of each span), from any thread."""
 
     def __init__(self):
         self._lock = threading.Lock()

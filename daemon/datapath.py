@@ -59,9 +59,13 @@ class Datapath:
                 return ffi.string(w["err"]).decode() or "queue thread stopped"
         return None
 
-    def set_error_bound(self, k: int) -> None:
+    def reload(self, cfg: NicdConfig) -> None:
+        """Copy the settings SIGHUP applies (settings.py: reload=True) that the C loop reads into
+        every queue thread's config; the loop reads them per packet."""
         for w in self._workers:
-            w["cfg"].error_bound = k  # read per packet by the C loop
+            for s in SETTINGS:
+                if s.reload and s.c_field:
+                    setattr(w["cfg"], s.c_field, int(getattr(cfg, s.name)))
 
     def stop(self) -> None:
         for w in self._workers:

@@ -279,9 +279,11 @@ def _reload(args, cfg, loaded, dp) -> None:
     except UserError as exc:
         log.error("reload refused, keeping the running config: %s", exc)
         return
-    cfg.error_bound, cfg.log_level = new.error_bound, new.log_level
-    dp.set_error_bound(new.error_bound)
-    logging.getLogger("inceptionn").setLevel(new.log_level.upper())
+    for s in SETTINGS:
+        if s.reload:
+            setattr(cfg, s.name, getattr(new, s.name))
+    dp.reload(cfg)
+    logging.getLogger("inceptionn").setLevel(cfg.log_level.upper())
     changed = [s.name for s in SETTINGS if not s.reload and getattr(new, s.name) != getattr(loaded, s.name)]
     log.info("reloaded: error bound 2^%d, log level %s%s", new.error_bound, new.log_level,
              f"; restart to apply {', '.join(changed)}" if changed else "")

@@ -85,7 +85,8 @@ static uint32_t gen; /* atomic: odd while entries move (erase) */
 
 static struct hslot *hellos;
 static uint32_t hello_sets; /* a power of two */
-static volatile uint32_t hello_used;
+static uint32_t hello_used; /* written under hello_lock, atomically: nicd_hello_count reads it without
+                             * the lock */
 static pthread_mutex_t hello_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint8_t table_key[16], nonce_key[16];
@@ -478,8 +479,12 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
     return rc;
 }
 
+static void hello_refused(const struct nicd_flow_key *k);
+
 int nicd_flows_close(const struct nicd_flow_key *k, int rst)
 {
+    if (rst)
+        hello_refused(k);
     struct slot *s = acquire(k);
     if (!s)
         return 0;
@@ -602,6 +607,58 @@ static int hello_expired(const struct hslot *s, uint32_t now)
     return now - s->born > HELLO_TIMEOUT_S * 1000u;
 }
 
+/* The party a hello counts for when a full set picks its victim: our SYN's, its local user (its
+ * owner); a peer's, the network as a whole (a peer's address costs nothing to spoof, so the
+ * network's many owners together get no more than one local user). */
+#define NETWORK UINT64_MAX
+
+static uint64_t party(const struct nicd_hello *h)
+{
+    return h->state == NICD_HELLO_SENT ? h->owner : NETWORK;
+}
+
+/* Whether the way holds a hello of the group of hello h of key k: the same local user's, or the
+ * same peer's to the same port of ours (a flood aimed at one port, open or closed, then leaves the
+ * handshakes of the host's other services alone). */
+static int same_group(const struct hslot *w, const struct nicd_flow_key *k, const struct nicd_hello *h)
+{
+    return w->h.owner == h->owner && party(&w->h) == party(h) && (party(h) != NETWORK || w->key.sport == k->sport);
+}
+
+/* The way of a full set that a new hello h of key k takes: the oldest hello of the party holding
+ * the most ways, h's own party counted with h (so a newcomer that holds as many as anyone evicts
+ * its own); a tie goes against the network first, then against h's party. Within the network the
+ * same rule picks among the groups (same_group). So one user's flood of hellos pushes out only
+ * its own, and parties that compete for a set share it evenly. */
+static struct hslot *hello_victim(struct hslot *set, const struct nicd_flow_key *k, const struct nicd_hello *h,
+                                  uint32_t now)
+{
+    struct hslot *victim = NULL;
+    uint32_t best[3] = {0, 0, 0};
+    for (int w = 0; w < HELLO_WAYS; w++) {
+        const struct hslot *c = &set[w];
+        uint64_t pc = party(&c->h);
+        int mine = pc == party(h), own = pc == NETWORK && same_group(c, k, h);
+        uint32_t ways = (uint32_t)mine, group_ways = (uint32_t)own;
+        for (int v = 0; v < HELLO_WAYS; v++) {
+            ways += party(&set[v].h) == pc;
+            group_ways += pc == NETWORK && same_group(&set[v], &c->key, &c->h);
+        }
+        /* compared in order: its party's ways (then the tie's order), its group's ways within the
+         * network (then h's own group first), its age */
+        uint32_t score[3] = {ways * 4 + (pc == NETWORK ? 2u : (uint32_t)mine), group_ways * 2 + (uint32_t)own,
+                             now - c->born};
+        int i = 0;
+        while (i < 2 && score[i] == best[i])
+            i++;
+        if (!victim || score[i] > best[i]) {
+            victim = &set[w];
+            memcpy(best, score, sizeof best);
+        }
+    }
+    return victim;
+}
+
 int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h)
 {
     int evicted = 0;
@@ -609,27 +666,15 @@ int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h)
     if (hellos) {
         struct hslot *set = hello_set(k), *s = hello_find(set, k);
         uint32_t now = now_ms();
+        for (int w = 0; w < HELLO_WAYS && !s; w++) { /* a free way, else an expired one */
+            if (set[w].h.state == NICD_HELLO_NONE)
+                __atomic_fetch_add(&hello_used, 1, __ATOMIC_RELAXED), s = &set[w];
+            else if (hello_expired(&set[w], now))
+                s = &set[w];
+        }
         if (!s) {
-            /* A free way, else the oldest hello a peer created (their SYNs cost nothing to
-             * spoof), else the oldest of ours. */
-            struct hslot *peer = NULL, *mine = NULL;
-            for (int w = 0; w < HELLO_WAYS && !s; w++) {
-                struct hslot *c = &set[w];
-                if (c->h.state == NICD_HELLO_NONE || hello_expired(c, now)) {
-                    if (c->h.state == NICD_HELLO_NONE)
-                        hello_used++;
-                    s = c;
-                } else if (c->h.state == NICD_HELLO_SENT) {
-                    if (!mine || (int32_t)(c->born - mine->born) < 0)
-                        mine = c;
-                } else if (!peer || (int32_t)(c->born - peer->born) < 0) {
-                    peer = c;
-                }
-            }
-            if (!s) {
-                s = peer ? peer : mine;
-                evicted = 1;
-            }
+            s = hello_victim(set, k, h, now);
+            evicted = same_group(s, k, h) ? NICD_HELLO_EVICTED_OWN : 1;
         }
         s->key = *k; /* a lookup that reads the tag this way had takes the lock, so sees it whole */
         s->h = *h;
@@ -658,7 +703,7 @@ static void hello_free_way(struct hslot *s)
 {
     s->h.state = NICD_HELLO_NONE;
     __atomic_store_n(&s->tag, 0, __ATOMIC_RELEASE);
-    hello_used--;
+    __atomic_fetch_sub(&hello_used, 1, __ATOMIC_RELAXED);
 }
 
 int nicd_hello_get(const struct nicd_flow_key *k, struct nicd_hello *h)
@@ -692,6 +737,20 @@ int nicd_hello_take(const struct nicd_flow_key *k, enum nicd_hello_state state, 
     }
     pthread_mutex_unlock(&hello_lock);
     return taken;
+}
+
+/* Our RST for k: the peer's hello that awaits our SYN-ACK will never get one. */
+static void hello_refused(const struct nicd_flow_key *k)
+{
+    if (!nicd_hello_count() || !hello_maybe(k))
+        return;
+    pthread_mutex_lock(&hello_lock);
+    if (hellos) {
+        struct hslot *s = hello_find(hello_set(k), k);
+        if (s && s->h.state == NICD_HELLO_PEER)
+            hello_free_way(s);
+    }
+    pthread_mutex_unlock(&hello_lock);
 }
 
 int nicd_hello_fail(const struct nicd_flow_key *k, uint32_t isn, unsigned max_tries)

@@ -15,9 +15,15 @@
  *   one local user (or one remote host) cannot fill the table and keep everyone else raw.
  *   An entry ends at our own RST, some idle seconds after our own FIN (NICD_FIN_LINGER_S), or
  *   after the idle timeout.
- * - hellos: handshakes in flight, a small set-associative table that evicts the oldest entry
- *   of a full set, preferring those a peer created over our own SYNs, so a flood of spoofed
- *   SYNs costs half-open hellos (counted) and never a negotiated flow.
+ * - hellos: handshakes in flight, a small set-associative table. A full set shares its ways
+ *   fairly between parties: each local user (the owner of our SYN's hello) and the network (every
+ *   hello a peer's SYN created, whose owners cost nothing to spoof, as one party); a new hello
+ *   evicts the oldest of the party that holds the most ways, which is its own when it holds as
+ *   many as any other, and within the network the same rule picks among the hellos of one peer to
+ *   one port of ours (nicd_flows.c, hello_victim). So one user's flood of SYNs pushes out only its
+ *   own hellos, a flood aimed at one port leaves the other ports' handshakes alone, and a flood of
+ *   spoofed SYNs costs half-open hellos (counted), never a negotiated flow nor more than an even
+ *   share of a set.
  */
 #ifndef NICD_FLOWS_H
 #define NICD_FLOWS_H
@@ -100,7 +106,8 @@ int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struc
  * without any state of ours, and compresses its own direction from its own table), so only our
  * packets decide:
  * - rst: our RST left. Our socket is gone; nothing of this connection leaves after it (a new one
- *   on the 4-tuple starts with a SYN, which forgets anyway). The entry is removed now.
+ *   on the 4-tuple starts with a SYN, which forgets anyway). The entry is removed now, and so is
+ *   a peer's hello our SYN-ACK has not answered (our stack refused that SYN: a closed port).
  * - else our FIN left. Our data and the FIN itself may still be retransmitted until the peer
  *   acknowledges them, so the entry stays, but now expires after NICD_FIN_LINGER_S idle seconds
  *   instead of the idle timeout; each retransmission refreshes it. One later than that leaves raw,
@@ -161,7 +168,10 @@ void nicd_flows_forget(const struct nicd_flow_key *k);
  * and nobody without the key can predict it. */
 void nicd_flows_nonce(const struct nicd_flow_key *k, uint32_t isn, uint8_t nonce[NICD_NONCE_LEN]);
 
-/* Create or replace the key's hello. Returns 1 if another hello was evicted to make room. */
+/* Create or replace the key's hello (h->owner set: the party it counts for, see the top). Returns
+ * 0, 1 if another hello was evicted to make room, or NICD_HELLO_EVICTED_OWN if one of h's own
+ * group was (the same local user's, or the same peer's to the same port of ours). */
+#define NICD_HELLO_EVICTED_OWN 2
 int nicd_hello_put(const struct nicd_flow_key *k, const struct nicd_hello *h);
 
 /* Copy the key's hello to *h; returns 0 (and h->state NONE) if there is none. */

@@ -49,6 +49,16 @@ static int settings_agree(const struct ctx *cx, const struct nicd_hello_opt *o)
            o->tos_compressed == cx->cfg->tos_compressed;
 }
 
+/* Remember the hello h of flow k, counting the one it evicted, if any. */
+static void put_hello(struct ctx *cx, const struct nicd_flow_key *k, const struct nicd_hello *h)
+{
+    int evicted = nicd_hello_put(k, h);
+    if (evicted)
+        COUNT(cx, HELLO_EVICTED, 1);
+    if (evicted == NICD_HELLO_EVICTED_OWN)
+        COUNT(cx, HELLO_EVICTED_OWN, 1);
+}
+
 /* Negotiate flow k and count the outcome. A negotiated flow's view before NAT is asked of the
  * slow path (nicd_conntrack.h), never here: until it is answered, its super-packets leave raw. */
 static void negotiate(struct ctx *cx, const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn,
@@ -84,8 +94,7 @@ void egress_syn(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         return;
     }
-    if (nicd_hello_put(k, &h))
-        COUNT(cx, HELLO_EVICTED, 1);
+    put_hello(cx, k, &h);
     COUNT(cx, HELLO_SENT, 1);
     if (cx->cfg->gso) /* the path MTU for its super-packets, now rather than on a data packet */
         egress_mtu(cx, nfq_get_outdev(nfa), p, 0);
@@ -124,8 +133,7 @@ void egress_synack(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
     h.tries = 0;
     if (cx->cfg->gso)
         egress_mtu(cx, nfq_get_outdev(nfa), p, 0);
-    if (nicd_hello_put(k, &h))
-        COUNT(cx, HELLO_EVICTED, 1);
+    put_hello(cx, k, &h);
     COUNT(cx, HELLO_SENT, 1);
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
@@ -159,8 +167,7 @@ void ingress_hello(uint32_t id, const struct nicd_pkt *p,
         h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq,
                                 .peer_mss = mss_option(p), .owner = nicd_flows_owner_of_peer(k)};
         memcpy(h.nonce, o.nonce, NICD_NONCE_LEN);
-        if (nicd_hello_put(k, &h))
-            COUNT(cx, HELLO_EVICTED, 1);
+        put_hello(cx, k, &h);
         if (!agree)
             COUNT(cx, HELLO_MISMATCH, 1);
     } else if (syn != (TCP_SYN | TCP_ACK) || o.role != NICD_ROLE_ANSWER || !nicd_hello_get(k, &h) ||

@@ -40,6 +40,8 @@
     X(HELLO_UNMATCHED, "answers to no hello of ours (wrong nonce, ack, unknown or already "      \
                        "answered flow), left raw")                                               \
     X(HELLO_EVICTED, "half-open hellos pushed out of the full hello table")                      \
+    X(HELLO_EVICTED_OWN, "of those, hellos pushed out by a newer one of their own (the same local " \
+                         "user's, or the same peer's to the same port): a flood evicts its own") \
     X(INGRESS_PACKETS, "packets seen on ingress")                                                \
     X(INGRESS_RESTORED, "compressed packets restored")                                           \
     X(INGRESS_WIRE_BYTES, "payload bytes of the restored packets as they arrived")               \

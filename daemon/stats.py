@@ -190,7 +190,7 @@ def format_stats(s: dict) -> str:
         # why handshakes did not negotiate: a peer without nicd, other settings, spoofs, floods
         f"refused: {c['hello_without_option']} without option, {c['hello_mismatch']} other settings, "
         f"{c['hello_unmatched']} unmatched, {c['hello_no_room']} no option room; "
-        f"{c['hello_evicted']} half-open evicted",
+        f"{c['hello_evicted']} half-open evicted ({c['hello_evicted_own']} by their own group)",
         # what routers and middleboxes did to negotiated flows (docs/wire-format.md, routed networks)
         f"network: {c['ingress_marks_rewritten']} compressed packets arrived with a rewritten mark "
         f"({c['flows_marks_rewritten']} flows); {c['flows_fell_back']} flows fell back to raw "

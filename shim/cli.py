@@ -82,6 +82,9 @@ def register(sub) -> None:
     e.add_argument("--allreduce-nicd-socket", metavar="PATH",
                    help="nic mode: the soft NIC's stats socket on every host (%%h: the host's name; default "
                         "nicd's); the ranks run the bound the daemon runs")
+    e.add_argument("--allreduce-choose", default="auto", metavar="C",
+                   help="auto (default: per communicator and count class, the ring or MPI's own allreduce, "
+                        "whichever its first calls measured faster), ring or mpi (always that one)")
     e.add_argument("--iface", metavar="IF|CIDR",
                    help="the ring's network: an interface name or a.b.c.d/len (default: each rank's first "
                         "non-loopback IPv4 address)")

@@ -274,6 +274,8 @@ def run_env(args) -> int:
         from .mpirun import nic_status
         nic = nic_status()["running"]
     settings, env = allreduce_env(a, family, nic, iface, args.log)
+    from .mpirun import with_choice
+    settings, env = with_choice(settings, env, args.allreduce_choose)
     env = with_library(env, settings["library"])   # after what the caller preloads already
     if args.json:
         print(json.dumps({"mpi": family, "allreduce": settings, "env": env}, indent=2))

@@ -56,6 +56,7 @@ DEFAULT_BTL_PORTS = (61000, 61099)   # above the default ephemeral range (32768-
 OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--iface": True,
            "--btl-ports": True, "--mpirun": True, "--dry-run": False, "--json": False,
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
+           "--allreduce-choose": True,
            "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--no-allreduce-error-feedback": False,
            "--allreduce-nicd-socket": True, "--allreduce-codec": True}
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
@@ -104,6 +105,10 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
                       nic mode: the soft NIC's stats socket on every host (%h: the host's
                       name; default nicd's, {DEFAULT_NICD_SOCKET}); the ranks run the bound
                       the daemon runs, and a rank that cannot read it turns the library off
+  --allreduce-choose C
+                      auto (default): per communicator and count class, the ring or MPI's
+                      own allreduce, whichever its first calls measured faster (re-measured
+                      rarely); ring: always the ring; mpi: always MPI's own
   --testbed NAME      launch on the hosts of testbed NAME (`inceptionn testbed up`)
   --slots N           ranks per testbed host (default 1)
   --iface IF|CIDR     network for MPI's TCP traffic (btl/oob_tcp_if_include; default with
@@ -139,6 +144,7 @@ class Options:
     program: list[str] = field(default_factory=list)
     compress_allreduce: bool = False
     allreduce_mode: str = "auto"
+    allreduce_choose: str = "auto"
     allreduce_min_count: int = DEFAULT_MIN_COUNT
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
     allreduce_error_feedback: bool | None = None    # None: the codec's default
@@ -220,6 +226,8 @@ def parse_args(rest: list[str]) -> Options:
         opts.allreduce_error_bound = mpienv.check_error_bound(values["--allreduce-error-bound"])
     if "--allreduce-nicd-socket" in values:
         opts.allreduce_nicd_socket = mpienv.check_nicd_socket(values["--allreduce-nicd-socket"])
+    if "--allreduce-choose" in values:
+        opts.allreduce_choose = check_choose(values["--allreduce-choose"])
     if opts.iface is not None:
         mpienv.check_iface(opts.iface)
     return opts
@@ -435,6 +443,7 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
     allreduce = None
     if opts.compress_allreduce:
         allreduce, extra = allreduce_settings(opts, hosts, iface)
+        allreduce, extra = with_choice(allreduce, extra, opts.allreduce_choose)
         if not all(h["nic"]["running"] for h in hosts) and allreduce["mode"] == "nic":
             warnings.append("--allreduce-mode nic but the soft NIC does not run on every host: the ring's "
                             "tagged packets leave those hosts uncompressed (results are the same)")
@@ -488,6 +497,22 @@ def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> t
                                 bool(opts.log))
 
 
+CHOICES = ("auto", "ring", "mpi")
+
+
+def check_choose(v: str) -> str:
+    if v not in CHOICES:
+        raise UserError(f"bad --allreduce-choose {v!r}: use auto, ring or mpi")
+    return v
+
+
+def with_choice(settings: dict, env: dict[str, str], choose: str) -> tuple[dict, dict[str, str]]:
+    """The library's settings and variables with its path choice (INCEPTIONN_MPI_CHOOSE, passed
+    when not auto, the library's default); for inceptionn mpirun and inceptionn env."""
+    choose = check_choose(choose)
+    return {**settings, "choose": choose}, ({**env, "INCEPTIONN_MPI_CHOOSE": choose} if choose != "auto" else env)
+
+
 def report_lines(p: Plan) -> list[str]:
     where = f"testbed {p.testbed}, {len(p.hosts)} host(s)" if p.testbed else "this host only (others are not checked)"
     what = f"tag policy {p.policy.canonical}" if p.policy else "no tag policy"
@@ -497,6 +522,9 @@ def report_lines(p: Plan) -> list[str]:
         codec = f"error bound 2^{a['error_bound']}" if codec_class(a["codec"]).wants_scaling else f"codec {a['codec']}"
         what += (f"; MPI_Allreduce compressed (mode {a['mode']}, float32 sums of >= {a['min_count']} values, "
                  f"{codec}{', error feedback' if a['error_feedback'] else ''})")
+    if p.allreduce and p.allreduce["choose"] != "auto":
+        path = "on the ring" if p.allreduce["choose"] == "ring" else "by MPI's own"
+        what += f"; every such call {path} (--allreduce-choose {p.allreduce['choose']})"
     lines = [f"inceptionn mpirun: {where}; {what}"]
     width = max(len(h["name"]) for h in p.hosts)
     for h in p.hosts:

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 # Each container's systemd-nspawn runs in a cgroup of its own (in each hierarchy systemd uses:
@@ -143,6 +143,27 @@ def leftovers(name: str, workdir: Path | None = None) -> list[str]:
 @contextmanager
 def booted(name: str, *, netns: str | None = None, read_only=(), boot_timeout: float = 90):
     """Boot a container named ``name`` (unique on this machine); yields a Container."""
+    with booted_all([(name, netns)], read_only=read_only, boot_timeout=boot_timeout) as (container,):
+        yield container
+
+
+@contextmanager
+def booted_all(hosts, *, read_only=(), boot_timeout: float = 90):
+    """Boot one container per ``(name, netns)`` of ``hosts`` at once (a boot mostly waits on
+    systemd's units, so the boots overlap); yields the Containers in that order."""
+    with ExitStack() as stack:
+        containers = [stack.enter_context(_started(name, netns, read_only)) for name, netns in hosts]
+        deadline = time.monotonic() + boot_timeout
+        for c in containers:
+            c._find_pid1(deadline)
+        for c in containers:
+            c.wait_running(deadline)
+        yield containers
+
+
+@contextmanager
+def _started(name: str, netns: str | None, read_only):
+    """systemd-nspawn started for ``name`` (not yet booted); everything of it removed on exit."""
     workdir = Path(tempfile.mkdtemp(prefix=f"nspawn-{name}-"))
     root, rw = workdir / "root", workdir / "rw"
     root.mkdir()
@@ -178,9 +199,6 @@ def booted(name: str, *, netns: str | None = None, read_only=(), boot_timeout: f
             proc = subprocess.Popen(["sh", "-c", f'{enter}; exec "$@"', "sh", *argv], stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         container = Container(name, root, proc, console)
-        deadline = time.monotonic() + boot_timeout
-        container._find_pid1(deadline)
-        container.wait_running(deadline)
         yield container
     finally:
         try:

@@ -84,6 +84,34 @@ def test_compression_figures_are_what_the_ring_sends(tmp_path):
 
 
 @needs_root
+def test_ddp_compress_hooks_beside_gloo(no_leaks, capsys):
+    """gloo-fp16 and gloo-bf16 run torch's own DDP hooks over gloo on the testbed: each returns
+    the mean, which times the ranks is the float64 sum within what 16-bit values carry (fp16:
+    11 significant bits, bf16: 8; a few roundings per value along gloo's ring), bf16 the
+    coarser; and the printed table shows them beside gloo and the compressing ring."""
+    from inceptionn.bench import allreduce as ba
+    from inceptionn.cli import main
+    rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "3", "--scale-hosts", "",
+               "--impls", "gloo,gloo-fp16,gloo-bf16,ring-app", "--reps", "1", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    row = r["links"][0]["sizes"]["1"]
+    assert row["gloo"]["nmse"] < 1e-10
+    assert 0 < row["gloo-fp16"]["nmse"] < 1e-5
+    assert row["gloo-fp16"]["nmse"] < row["gloo-bf16"]["nmse"] < 1e-3
+    for impl in ("gloo-fp16", "gloo-bf16"):
+        v = row[impl]
+        assert 0 < v["min"] <= v["median"] <= v["max"] < 60 and v["egress_compressed"] == 0, (impl, v)
+    ba.print_report(r)
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.lstrip().startswith("MiB"))
+    assert head.split()[1:5] == ["gloo", "gloo-fp16", "gloo-bf16", "ring-app"], head
+    for peer in ("gloo", "gloo-fp16", "gloo-bf16"):
+        x = row[peer]["median"] / row["ring-app"]["median"]
+        assert f"faster than {peer}: ring-app {x:.2f}x" in out, out
+
+
+@needs_root
 def test_mpi_library_beside_stock_mpi(no_leaks, capsys):
     """The same unmodified mpi4py program: OpenMPI alone (exact), and through the MPI_Allreduce
     library in nic mode (the daemons compressed) and in app mode (nobody else did)."""
@@ -132,4 +160,5 @@ def test_bad_arguments_give_one_line(args, needle):
 def test_default_set_runs_the_daemons_default_gso():
     r = run_cli("bench", "allreduce", "--help")
     assert r.returncode == 0
-    assert "(default ring,ring-gso,gloo,mpi)" in " ".join(r.stdout.split())
+    # argparse wraps at hyphens too
+    assert "(defaultring,ring-gso,gloo,gloo-fp16,gloo-bf16,mpi)" in "".join(r.stdout.split())

@@ -1,8 +1,8 @@
 """The soft NIC's flow tables (daemon/nicd_flows.c) tested directly through the cffi module:
 SipHash-2-4 against the reference vectors, backward-shift deletion inside a probe chain, a full
-table, the hello table's eviction order, expiry, and the one winner of nicd_hello_take. The
-tables get known keys and a clock the test moves (the nicd_flows_test_* hooks), so every slot
-and set is computed here, not guessed. Also: the counter names come from the C side; the slow
+table, how a full hello set is shared between parties, expiry, and the one winner of
+nicd_hello_take. The tables get known keys and a clock the test moves (the nicd_flows_test_*
+hooks), so every slot and set is computed here, not guessed. Also: the counter names come from the C side; the slow
 path's conntrack requests (daemon/nicd_conntrack.c) reach the flow they were asked for; the
 table under concurrent threads (daemon/tests/stress_nicd_flows.c, under TSan and ASan)."""
 from __future__ import annotations
@@ -40,6 +40,7 @@ CAPACITY = 64            # the smallest table: 64 slots, at most 48 flows (3/4)
 HELLO_SETS = 256 // 8    # the smallest hello table: 256 ways in sets of 8
 HELLO_TIMEOUT_MS = 75_000
 OWNER = (1 << 32) | 1000  # NICD_OWNER_UID(1000): the flows of local user 1000
+ROOT, NOBODY = (1 << 32) | 0, (1 << 32) | 65534
 
 
 def siphash(key: bytes, data: bytes) -> int:
@@ -101,10 +102,15 @@ def slot(k) -> int:
     return int(lib.nicd_flows_test_slot(k))
 
 
-def hello(state: int, isn: int = 0):
+def hello(state: int, isn: int = 0, owner: int = 0):
     h = ffi.new("struct nicd_hello *")
-    h.state, h.isn = state, isn
+    h.state, h.isn, h.owner = state, isn, owner
     return h
+
+
+def peer_owner(n: int) -> int:
+    """An owner of nicd_flows_owner_of_peer's form (a peer's address, hashed)."""
+    return (2 << 32) | n
 
 
 def hello_state(k) -> int:
@@ -325,30 +331,57 @@ def test_owner_of_a_peer_is_its_address_or_its_64(tables):
     assert int(lib.nicd_flows_owner_of_peer(k)) != o6[0]
 
 
-def test_hello_eviction_takes_the_oldest_peer_hello_then_the_oldest_of_ours(tables):
-    ks = keys_where(lambda k: hello_set(k) == 5, 14)
-    ways, new = ks[:8], ks[8:]
-    # born in this order, 10 ms apart: ours (SENT) and the peers' (PEER, ANSWERED) interleaved
-    states = [lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER, lib.NICD_HELLO_SENT, lib.NICD_HELLO_ANSWERED,
-              lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER, lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER]
-    for k, st in zip(ways, states):
-        assert lib.nicd_hello_put(k, hello(st)) == 0
-        lib.nicd_flows_test_advance(10)
-    assert lib.nicd_hello_count() == 8
-    assert lib.nicd_hello_put(ways[2], hello(lib.NICD_HELLO_SENT, 7)) == 0  # a replacement evicts nothing
+def test_a_full_hello_set_is_shared_between_parties(tables):
+    """A new hello in a full set evicts the oldest of the party holding the most ways, its own
+    party counted with it (a tie goes against the network, then against the newcomer); parties:
+    each local user (our SENT hellos), and the network (the peers' hellos) as one, within which
+    the groups of one peer's hellos to one port of ours compete the same way."""
+    sent, peer, answered = lib.NICD_HELLO_SENT, lib.NICD_HELLO_PEER, lib.NICD_HELLO_ANSWERED
+    own = lib.NICD_HELLO_EVICTED_OWN
+    ks = iter(keys_where(lambda k: hello_set(k) == 5, 40))
 
-    peers = [k for k, st in zip(ways, states) if st != lib.NICD_HELLO_SENT]
-    ours = [ways[0], ways[4], ways[6], ways[2]]  # ways[2] was born again just now
-    for n, victim in zip(new, peers + ours[:2]):
-        assert lib.nicd_hello_put(n, hello(lib.NICD_HELLO_SENT)) == 1
-        lib.nicd_flows_test_advance(10)
-        assert hello_state(victim) == lib.NICD_HELLO_NONE and hello_state(n) == lib.NICD_HELLO_SENT
-    assert lib.nicd_hello_count() == 8
-    assert [hello_state(k) for k in ours[2:]] == [lib.NICD_HELLO_SENT] * 2
+    def put(k, state, owner) -> int:
+        r = int(lib.nicd_hello_put(k, hello(state, owner=owner)))
+        lib.nicd_flows_test_advance(10)  # every hello a different age
+        return r
+
+    def present(*keys) -> bool:
+        return all(hello_state(k) != lib.NICD_HELLO_NONE for k in keys)
+
+    r1, p1a, p1b = next(ks), next(ks), next(ks)
+    assert put(r1, sent, ROOT) == 0 and put(p1a, peer, peer_owner(1)) == 0 and put(p1b, answered, peer_owner(1)) == 0
+    flood = [next(ks) for _ in range(21)]
+    assert [put(k, sent, NOBODY) for k in flood[:5]] == [0] * 5 and lib.nicd_hello_count() == 8
+    assert put(r1, sent, ROOT) == 0  # a replacement evicts nothing (and makes r1 young again)
+
+    # nobody's flood evicts only its own hellos, oldest first: root's and the peer's stay
+    assert [put(k, sent, NOBODY) for k in flood[5:15]] == [own] * 10
+    assert present(r1, p1a, p1b, *flood[10:15]) and not any(present(k) for k in flood[:10])
+
+    # root's new hellos take nobody's ways until the two hold as many; then root evicts its own
+    r2, r3, r4 = next(ks), next(ks), next(ks)
+    assert put(r2, sent, ROOT) == 1 and not present(flood[10])   # root 2, nobody 4, network 2
+    assert put(r3, sent, ROOT) == 1 and not present(flood[11])   # root 3, nobody 3
+    assert put(r4, sent, ROOT) == own and not present(r1)        # root's oldest
+    assert put(flood[15], sent, NOBODY) == own and not present(flood[12])
+    assert present(r2, r3, r4, *flood[13:16], p1a, p1b) and lib.nicd_hello_count() == 8
+
+    # the network holds fewer ways than either user: a spoofed flood of new addresses evicts
+    # only the network's hellos (the oldest owner's first), never a user's
+    spoofed = [next(ks) for _ in range(6)]
+    assert [put(k, peer, peer_owner(10 + i)) for i, k in enumerate(spoofed)] == [1] * 6
+    assert present(r2, r3, r4, *flood[13:16], *spoofed[-2:]) and not present(p1a) and not present(p1b)
+    # a real host's flood (spoofed[-1]'s address) to one port of ours evicts its own hellos there
+    port = spoofed[-1].sport  # ours: the key is our egress direction
+    a, b = [k for k in (key(port, d) for d in range(5001, 60000)) if hello_set(k) == 5][:2]
+    assert put(a, peer, peer_owner(15)) == own and not present(spoofed[-1]) and present(spoofed[-2])
+    assert put(b, peer, peer_owner(15)) == own and not present(a)
+    # its hello to another port is a group of its own: the oldest group's hello goes
+    assert put(next(ks), peer, peer_owner(15)) == 1 and not present(spoofed[-2]) and present(b)
 
     # An expired way is free again: no eviction
     lib.nicd_flows_test_advance(HELLO_TIMEOUT_MS + 1)
-    assert lib.nicd_hello_put(ways[0], hello(lib.NICD_HELLO_PEER)) == 0
+    assert put(r1, sent, ROOT) == 0
 
 
 def test_idle_flows_and_stale_hellos_expire(tables):

@@ -207,6 +207,7 @@ def test_thread_multiple(tb_name, tmp_path):
         # without error feedback (on by default): each thread's calls share one key, and the
         # sequential calls, which the results are compared with, would not carry its residuals
         r = job(tb_name, out, "--compress-allreduce", "--allreduce-mode", "app", "--no-allreduce-error-feedback",
+                "--allreduce-choose", "ring",   # 5 calls of a class: the ring's bits on every one
                 "--log", "1", program=[str(exe), str(out), "300000", "5"])
         for rank in range(WORLD):   # 2 threads x 5 calls + 2 sequential calls
             assert f"inceptionn-mpi[rank {rank}]: summary: 12 MPI_Allreduce calls taken" in r.stderr, r.stderr
@@ -228,12 +229,14 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
         assert plan["allreduce"] == {"library": lib, "mode": "app", "requested_mode": "auto", "codec": "inceptionn",
                                      "min_count": 1000,
                                      "error_bound": -12, "error_feedback": True, "iface": str(tb.network), "log": False,
-                                     "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi"}
+                                     "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi",
+                                     "choose": "auto"}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
         assert exported["INCEPTIONN_MPI_ERROR_FEEDBACK"] == "1"   # on by default, said explicitly
         assert exported["INCEPTIONN_MPI_CODEC"] == "inceptionn"
+        assert "INCEPTIONN_MPI_CHOOSE" not in exported    # auto: the library's default
         assert (exported["INCEPTIONN_MPI_MODE"], exported["INCEPTIONN_MPI_MIN_COUNT"],
                 exported["INCEPTIONN_MPI_ERROR_BOUND"], exported["INCEPTIONN_MPI_IFACE"]) == ("app", "1000", "-12", str(tb.network))
         # with a policy: the tagging library first, then this one; a forced nic mode warns
@@ -258,6 +261,8 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
     (["--no-allreduce-error-feedback", "--", "true"], "--no-allreduce-error-feedback goes with --compress-allreduce"),
     (["--compress-allreduce", "--allreduce-error-feedback", "--no-allreduce-error-feedback", "--", "true"],
      "--allreduce-error-feedback and --no-allreduce-error-feedback: give one"),
+    (["--allreduce-choose", "ring", "--", "true"], "--allreduce-choose goes with --compress-allreduce"),
+    (["--compress-allreduce", "--allreduce-choose", "fast", "--", "true"], "bad --allreduce-choose 'fast'"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_allreduce_option_errors_are_one_line(args, needle, capsys):
     assert needle in cli_error(capsys, "mpirun", *args)
@@ -291,6 +296,7 @@ def test_error_feedback_tracks_the_exact_sum(tmp_path, mode):
         r = subprocess.run(["mpirun", "-np", str(WORLD), "--oversubscribe", "-x", f"LD_PRELOAD={lib}",
                             "-x", f"INCEPTIONN_MPI_MODE={mode}", "-x", "INCEPTIONN_MPI_ADDR=127.0.0.1",
                             "-x", f"INCEPTIONN_MPI_ERROR_FEEDBACK={ef}", "-x", "INCEPTIONN_MPI_LOG=1",
+                            "-x", "INCEPTIONN_MPI_CHOOSE=ring",   # 12 calls of one count: all the ring's
                             sys.executable, str(PROGS / "mpi4py_feedback.py"), str(indir), str(d), str(calls), counts],
                            capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stdout + r.stderr

@@ -121,8 +121,9 @@ def sites(wheelhouse):
     assert install in GUIDE
     with ExitStack() as stack:
         tb = stack.enter_context(Testbed(hosts=2, name=tag))
-        out = [Site(h, stack.enter_context(nspawn.booted(f"{tag}{h.name}", netns=h.netns, read_only=[ROOT])))
-               for h in tb.hosts]
+        containers = stack.enter_context(nspawn.booted_all([(f"{tag}{h.name}", h.netns) for h in tb.hosts],
+                                                           read_only=[ROOT]))
+        out = [Site(h, c) for h, c in zip(tb.hosts, containers)]
         # both installs at once: each builds a venv, so both cores work
         installs = [s.c.popen(["sh", "-c", f"cd {shlex.quote(str(ROOT))} && {install}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for s in out]

@@ -9,7 +9,8 @@ DESCRIPTION = """Train the paper's HDC model (5 fully connected layers, width 50
 momentum 0.9, weight decay 5e-5, batch 25 per worker unless --batch) data-parallel on a testbed of --hosts
 network-namespace hosts joined by shaped links, one worker per host. --algo inc is the INCEPTIONN
 ring (gradients on both legs, every replica applies the same update); --algo wa is the
-worker-aggregator baseline (rank 0 aggregates, sums, updates and returns the weights).
+worker-aggregator baseline (rank 0 aggregates, sums, updates and returns the weights); --algo ddp
+is PyTorch DDP's exchange over gloo through torch's own hooks (--compress none, fp16 or bf16).
 --compress nic runs the soft NIC on every host and tags the gradient sockets; a codec name
 compresses in the application instead. Reports test accuracy per epoch, time per iteration split
 into compute, communicate and sum, and bytes on the wire. Progress goes to stderr, --json output
@@ -25,7 +26,8 @@ def _codec_choices() -> str:
         return "inceptionn, ..."
 
 
-def add_training_arguments(p, *, epochs_default: int | None, hosts_default: int = 4, switches: bool = True) -> None:
+def add_training_arguments(p, *, epochs_default: int | None, hosts_default: int = 4, switches: bool = True,
+                           warmup_default: int = 0) -> None:
     """Options shared by train, demo and bench train (link, data, optimiser, testbed)."""
     p.add_argument("--hosts", type=int, default=hosts_default, help=f"workers, one per testbed host (default {hosts_default})")
     if epochs_default is not None:
@@ -43,6 +45,9 @@ def add_training_arguments(p, *, epochs_default: int | None, hosts_default: int 
     if switches:
         add_switches(p)
     p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1, the paper's)")
+    p.add_argument("--warmup-iters", type=int, default=warmup_default, metavar="N",
+                   help="raise the learning rate linearly from --lr/N to --lr over the first N iterations; "
+                   f"0: none, the paper's recipe (default {warmup_default})")
     p.add_argument("--name", default=None, metavar="NAME",
                    help="testbed name (namespaces inc-NAME-*); change it to run beside another testbed")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -69,7 +74,9 @@ def register(sub) -> None:
 
 def _add_arguments(p) -> None:
     add_training_arguments(p, epochs_default=1)
-    p.add_argument("--algo", choices=["wa", "inc"], default="inc", help="inc: the INCEPTIONN ring (default); wa: worker-aggregator")
+    p.add_argument("--algo", choices=["wa", "inc", "ddp"], default="inc",
+                   help="inc: the INCEPTIONN ring (default); wa: worker-aggregator; ddp: PyTorch DDP's exchange "
+                   "over gloo (needs torch), with --compress none, fp16 or bf16: DDP's own compress hooks")
     p.add_argument("--compress", default="none", metavar="HOW",
                    help=f"none (default), nic (the soft NIC on every host, INCEPTIONN codec at --error-bound), "
                    f"nic-scaled (the soft NIC's per-packet scaled codec: the workers send raw values), "
@@ -89,7 +96,7 @@ def run(args) -> int:
 
     cfg = TrainConfig(algo=args.algo, compress=args.compress, error_bound=args.error_bound, scaling=args.scaling,
                       error_feedback=args.error_feedback, epochs=args.epochs, max_iters=args.max_iters,
-                      data=args.data, seed=args.seed, lr=args.lr, decay_at=args.decay_at,
+                      data=args.data, seed=args.seed, lr=args.lr, warmup=args.warmup_iters, decay_at=args.decay_at,
                       batch=args.batch)
     preflight_testbed(args.hosts, rate_arg(args.rate), args.mtu, args.name or "train")
     preflight(cfg)

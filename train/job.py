@@ -40,7 +40,8 @@ from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
 from ..procs import cpu_seconds, stop
 from .worker import Diverged
 
-ALGOS = ("wa", "inc")
+ALGOS = ("wa", "inc", "ddp")   # ddp: DistributedDataParallel's exchange over gloo, torch's hooks
+GLOO_PORT = 29520             # rank 0's rendezvous port for ddp runs, plus the run number
 STALL_SECONDS = 300.0   # no word from any worker for this long: the run is declared stuck
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "PYTHONUNBUFFERED": "1"}
@@ -49,7 +50,9 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 @dataclass
 class TrainConfig:
     """One training run. ``compress``: ``none``, ``nic`` (tagged sockets, the soft NICs compress
-    with the INCEPTIONN codec at ``error_bound``) or a codec name (compressed in the application)."""
+    with the INCEPTIONN codec at ``error_bound``) or a codec name (compressed in the application);
+    with ``algo="ddp"``: ``none`` or a DDP hook, ``fp16`` / ``bf16`` (train/torch_hooks.py).
+    ``warmup``: the learning rate rises linearly to ``lr`` over the first iterations."""
 
     algo: str = "inc"
     compress: str = "none"
@@ -61,6 +64,7 @@ class TrainConfig:
     data: str | None = None
     seed: int = 0
     lr: float = 0.1
+    warmup: int = 0                   # iterations
     decay_at: int | None = None       # from this epoch on (counted from 1), lr x 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-5
@@ -77,6 +81,8 @@ class TrainConfig:
         if self.label:
             return self.label
         base = self.algo.upper()
+        if self.algo == "ddp":
+            return f"DDP {self.compress} hook" if self.compressed else "DDP"
         if not self.compressed:
             return base
         name = {"nic": f"{base}+C", "nic-scaled": f"{base}+C scaled"}.get(self.compress, f"{base}+{self.compress}")
@@ -85,8 +91,18 @@ class TrainConfig:
 
     def check(self) -> None:
         if self.algo not in ALGOS:
-            raise UserError(f"unknown algorithm {self.algo!r}; choose wa or inc")
-        if self.compress not in ("none", "nic", "nic-scaled"):
+            raise UserError(f"unknown algorithm {self.algo!r}; choose wa, inc or ddp")
+        if self.algo == "ddp":
+            from .torch_hooks import HOOKS
+
+            if self.compress not in HOOKS:
+                raise UserError(f"ddp runs DDP's hooks: --compress none, {', '.join(h for h in HOOKS if h != 'none')}; "
+                                f"got {self.compress!r}")
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                raise UserError("ddp needs PyTorch: pip install 'inceptionn[torch]'") from None
+        elif self.compress not in ("none", "nic", "nic-scaled"):
             from ..codecs import available_codecs
 
             if self.compress not in available_codecs():
@@ -102,6 +118,8 @@ class TrainConfig:
             raise UserError(f"--batch must be at least 1, got {self.batch}")
         if not self.lr > 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
+        if self.warmup < 0:
+            raise UserError(f"--warmup-iters must be 0 or more, got {self.warmup}")
         if self.decay_at is not None and not 1 <= self.decay_at <= self.epochs:
             raise UserError(f"--decay-at must be an epoch from 1 to --epochs ({self.epochs}), got {self.decay_at}")
 
@@ -251,8 +269,8 @@ class TrainingTestbed:
     def _start_worker(self, cfg: TrainConfig, rank: int, host, rundir: str) -> subprocess.Popen:
         wcfg = asdict(cfg)
         wcfg.update(rank=rank, world=len(self.testbed.hosts), bind_addr=host.ip,
-                    store=os.path.join(rundir, "store"))
-        env = dict(os.environ, **WORKER_ENV, INCEPTIONN_BIND_ADDR=host.ip)
+                    store=os.path.join(rundir, "store"), master=f"{self.testbed.hosts[0].ip}:{GLOO_PORT + self._runs}")
+        env = dict(os.environ, **WORKER_ENV, INCEPTIONN_BIND_ADDR=host.ip, GLOO_SOCKET_IFNAME=host.ifname)
         p = host.popen([sys.executable, "-m", "inceptionn.train.worker", "--config", json.dumps(wcfg)],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                        start_new_session=True, env=env)

@@ -74,12 +74,19 @@ def _mb(x: float) -> str:
     return f"{x / 1e6:.2f}"
 
 
-def comparison_rows(results, baseline: str = "WA") -> list[dict]:
-    """Per configuration: mean breakdown (over runs, e.g. seeds), reduction and speedup against
-    ``baseline``'s runs, accuracy mean and spread."""
+def _by_name(results) -> dict[str, list]:
     groups: dict[str, list] = {}
     for r in results:
         groups.setdefault(r.name, []).append(r)
+    return groups
+
+
+def comparison_rows(results, baseline: str = "WA", accuracy_runs=None) -> list[dict]:
+    """Per configuration: mean breakdown (over runs, e.g. seeds), reduction and speedup against
+    ``baseline``'s runs, accuracy mean and spread (of ``accuracy_runs`` of the same name when
+    given: the demo times short runs on shaped links and trains whole runs over seeds apart)."""
+    groups = _by_name(results)
+    trained = _by_name(accuracy_runs) if accuracy_runs is not None else groups
     base = groups.get(baseline)
     base_comm = statistics.mean(r.times["communicate"] for r in base) if base else None
     base_iter = statistics.mean(r.times["iteration"] for r in base) if base else None
@@ -90,7 +97,8 @@ def comparison_rows(results, baseline: str = "WA") -> list[dict]:
         row["exchange"] = row["communicate"] + row["sum"] + row["codec"]
         row["comm_reduction"] = (1 - row["communicate"] / base_comm) if base_comm else None
         row["speedup"] = (base_iter / row["iteration"]) if base_iter else None
-        accs = [r.final_accuracy for r in runs]
+        accs = [r.final_accuracy for r in trained.get(name, runs)]
+        row["accuracy_runs"] = len(accs)
         row["accuracy"] = statistics.mean(accs)
         row["accuracy_min"], row["accuracy_max"] = min(accs), max(accs)
         row["accuracy_std"] = statistics.stdev(accs) if len(accs) > 1 else 0.0
@@ -98,14 +106,14 @@ def comparison_rows(results, baseline: str = "WA") -> list[dict]:
         nic = [r.bytes["nicd"] for r in runs if r.bytes.get("nicd")]
         row["nic_ratio"] = statistics.mean(n["ratio"] for n in nic) if nic else None
         row["replicas_identical"] = all(r.replicas_identical for r in runs)
-        row["seeds"] = [r.config["seed"] for r in runs]
+        row["seeds"] = [r.config["seed"] for r in trained.get(name, runs)]
         rows.append(row)
     return rows
 
 
-def format_table(results, baseline: str = "WA") -> str:
-    rows = comparison_rows(results, baseline)
-    multi = any(r["runs"] > 1 for r in rows)
+def format_table(results, baseline: str = "WA", accuracy_runs=None) -> str:
+    rows = comparison_rows(results, baseline, accuracy_runs)
+    multi = any(r["accuracy_runs"] > 1 for r in rows)
     head = (f"{'config':<24}{'iteration':>10}{'compute':>9}{'comm':>9}{'sum':>7}{'codec':>7}"
             f"{'comm vs ' + baseline:>12}{'speedup':>9}{'wire/iter':>11}{'NIC ratio':>10}"
             f"{'accuracy':>{18 if multi else 10}}")
@@ -117,7 +125,7 @@ def format_table(results, baseline: str = "WA") -> str:
         ratio = f"{r['nic_ratio']:.2f}x" if r["nic_ratio"] else "-"
         acc = f"{100 * r['accuracy']:.2f}%"
         if multi:
-            acc += f" ±{100 * r['accuracy_std']:.2f}" if r["runs"] > 1 else "      "
+            acc += f" ±{100 * r['accuracy_std']:.2f}" if r["accuracy_runs"] > 1 else "      "
         flag = "" if r["replicas_identical"] else "  replicas differ!"
         lines.append(f"{r['name']:<24}{_ms(r['iteration']):>10}{_ms(r['compute']):>9}{_ms(r['communicate']):>9}"
                      f"{_ms(r['sum']):>7}{_ms(r['codec']):>7}{red:>12}{sp:>9}{_mb(r['wire_per_iteration']):>11}"
@@ -134,15 +142,16 @@ def table_notes(baseline: str = "WA") -> str:
             f"payload before / after the soft NICs.")
 
 
-def write_chart(results, path: str, title: str, baseline: str = "WA") -> str:
+def write_chart(results, path: str, title: str, baseline: str = "WA", accuracy_runs=None) -> str:
     """Stacked time breakdown per configuration (Fig. 12) with the speedup on top, and test
-    accuracy per epoch; PNG through matplotlib's Agg backend (no display needed)."""
+    accuracy per epoch (of ``accuracy_runs`` when given); PNG through matplotlib's Agg backend
+    (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = comparison_rows(results, baseline)
+    rows = comparison_rows(results, baseline, accuracy_runs)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1.1, 1]})
     names = [r["name"] for r in rows]
     colors = {"compute": "#4c72b0", "communicate": "#dd8452", "sum": "#55a868", "codec": "#8172b3"}
@@ -165,9 +174,7 @@ def write_chart(results, path: str, title: str, baseline: str = "WA") -> str:
     ax1.set_ylim(0, max(bottom or [1]) * 1.25)
     ax1.legend(fontsize=8)
     ax1.tick_params(axis="x", labelsize=8, rotation=15)
-    by_name: dict[str, list] = {}
-    for r in results:
-        by_name.setdefault(r.name, []).append(r)
+    by_name = _by_name(results if accuracy_runs is None else accuracy_runs)
     for name, runs in by_name.items():
         n = min(len(r.accuracy) for r in runs)
         if not n:

@@ -6,7 +6,8 @@ with the same seed, takes its shard of the training set by rank, builds the same
 
     compute  forward + backward on the local batch of 25, then (INC) the local SGD update
     exchange INC: ring allreduce of the gradient, every replica applies the same update;
-             WA: gradients to the aggregator, which sums, updates and returns the weights
+             WA: gradients to the aggregator, which sums, updates and returns the weights;
+             DDP: torch's DDP hook over gloo (train/torch_hooks.py), every replica applies the mean
 
 The exchange is split, from the collective's own counters, into ``sum`` (adding gradients),
 ``codec`` (app-level compression, scaling and error-feedback bookkeeping) and ``communicate``
@@ -137,8 +138,16 @@ class Clock:
         self.count += 1
 
 
+def warmup_lr(lr: float, step: int, warmup: int) -> float:
+    """The learning rate of iteration ``step`` (from 1): rising linearly to ``lr`` over the first
+    ``warmup`` iterations, ``lr`` from then on (and throughout without a warm-up)."""
+    return lr * min(1.0, step / warmup) if warmup else lr
+
+
 def _stats_snapshot(group) -> tuple[float, float]:
     """(sum seconds, codec + scaling + error-feedback seconds) the group has spent so far."""
+    if group.stats is None:   # DDP's hooks: all of it counts as communication
+        return 0.0, 0.0
     t = group.stats.total
     return t.sum_seconds, t.codec_seconds + t.scale_seconds
 
@@ -158,7 +167,7 @@ def run(cfg: dict) -> int:
         raise UserError(f"{len(data.x_train)} training examples are too few for {world} workers")
     model = HDC(data.n_features, data.n_classes, seed=seed)
     opt = SGD(lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
-    mode, codec = make_codec(cfg)
+    mode, codec = make_codec(cfg) if cfg["algo"] != "ddp" else (None, None)   # ddp: the hook compresses
     # None: the collective's default, on where they help (the inceptionn codec); False: off
     lossy = mode is not None
     scaling = (None if cfg["scaling"] is None else bool(cfg["scaling"])) if lossy else False
@@ -166,7 +175,12 @@ def run(cfg: dict) -> int:
     rng = np.random.default_rng([seed, 104729, rank])
     inv_world = np.float32(1.0 / world)
 
-    group = make_group(cfg, mode, codec)
+    if cfg["algo"] == "ddp":
+        from inceptionn.train.torch_hooks import HookGroup
+
+        group = HookGroup(cfg["compress"], cfg["master"], rank, world, timeout=cfg.get("timeout", 300.0))
+    else:
+        group = make_group(cfg, mode, codec)
     emit("ready", rank=rank, world=world, dataset=data.name, n_train=len(data.x_train),
          n_test=len(data.x_test), shard=len(shard), iters_per_epoch=iters, n_params=model.n_params)
 
@@ -183,14 +197,17 @@ def run(cfg: dict) -> int:
     last_emit = 0.0
     t_train = 0.0
     loss_sum, loss_n = 0.0, 0
+    step, warmup, lr = 0, cfg.get("warmup", 0), cfg["lr"]
     try:
         for epoch in range(cfg["epochs"]):
             if cfg.get("decay_at") and epoch + 1 == cfg["decay_at"]:
-                opt.lr *= 0.1                  # as examples/mpi4py_hdc.py --decay-at
+                lr *= 0.1                      # as examples/mpi4py_hdc.py --decay-at
             order = rng.permutation(len(x))
             t_epoch = time.perf_counter()
             for it in range(iters):
                 idx = order[it * batch:(it + 1) * batch]
+                step += 1
+                opt.lr = warmup_lr(lr, step, warmup)
                 t0 = time.perf_counter()
                 loss, grad = model.loss_and_grad(x[idx], y[idx])
                 if not np.isfinite(loss):
@@ -198,7 +215,12 @@ def run(cfg: dict) -> int:
                                     f"iteration {it + 1}); try a lower learning rate")
                 t1 = time.perf_counter()
                 s0 = _stats_snapshot(group)
-                if cfg["algo"] == "inc":
+                if cfg["algo"] == "ddp":
+                    mean = group.average(grad)
+                    t2 = time.perf_counter()
+                    s1 = s0
+                    opt.step(model.params, mean)
+                elif cfg["algo"] == "inc":
                     summed = group.allreduce(grad, compress=mode, codec=codec, scaling=scaling,
                                              error_feedback=feedback)
                     t2 = time.perf_counter()
@@ -235,7 +257,7 @@ def run(cfg: dict) -> int:
             loss_sum, loss_n = 0.0, 0
             group.barrier()
         final = model.accuracy(data.x_test, data.y_test)   # every replica: they must agree
-        stats = group.stats.total.as_dict()
+        stats = group.stats.total.as_dict() if group.stats else {}
     except Diverged as exc:
         # said before the sockets close: the peers' "connection closed" must not arrive first
         emit("error", rank=rank, message=str(exc), diverged=True)

@@ -11,8 +11,10 @@
  *   after it removed it, however the other writers' deletions shift the probe chains;
  * - the table's books: after everything is removed, no flow is active and no owner holds one;
  * - hellos (whose lookup of an absent key takes no lock): a reader's own hello is found right
- *   after it put it, with its ISN, and never after it took it; a shared key's hello, put and taken
- *   by the writers meanwhile, is only ever seen with that key's ISN.
+ *   after it put it, with its ISN, and never after it took it; a peer's hello (PEER) is gone
+ *   after our RST, an answered one is not; a shared key's hello, put and taken by the writers
+ *   meanwhile (of several owners and both parties, so full sets pick victims by party), is only
+ *   ever seen with that key's ISN.
  * Exit status 0 when all held; a message and 1 otherwise. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -205,6 +207,15 @@ static void *reader(void *arg)
                     fail("a hello just put could not be taken", sport, want);
                 if (exact && hello_look(sport, &isn))
                     fail("a taken hello was found (false hit)", sport, isn);
+                /* our RST: a peer's hello our SYN-ACK never answered goes, an answered one stays */
+                h = a_hello((r >> 5) & 1 ? NICD_HELLO_PEER : NICD_HELLO_ANSWERED, want);
+                nicd_hello_put(&k, &h);
+                nicd_flows_close(&k, 1);
+                int found = hello_look(sport, &isn);
+                if (exact && found != (h.state == NICD_HELLO_ANSWERED))
+                    fail(found ? "a peer's hello outlived our RST" : "an answered hello did not outlive our RST",
+                         sport, want);
+                nicd_hello_take(&k, (enum nicd_hello_state)h.state, want);
             }
             break;
         default:
@@ -228,11 +239,13 @@ static void *writer(void *arg)
         case 2: nicd_flows_forget(&k); break;
         default: nicd_flows_close(&k, 1); break;
         }
-        struct nicd_hello h = a_hello(NICD_HELLO_SENT, isn_of(sport, ++gen));
+        /* ours (SENT) of three local users, or a peer's (PEER) of two hosts */
+        struct nicd_hello h = a_hello((r >> 5) & 1 ? NICD_HELLO_PEER : NICD_HELLO_SENT, isn_of(sport, ++gen));
+        h.owner = h.state == NICD_HELLO_SENT ? NICD_OWNER_UID((r >> 6) % 3) : 2ull << 32 | (r >> 6) % 2;
         if ((r >> 4) & 1)
             nicd_hello_put(&k, &h);
-        else if (nicd_hello_get(&k, &h) && h.state == NICD_HELLO_SENT)
-            nicd_hello_take(&k, NICD_HELLO_SENT, h.isn); /* unless the other writer took it first */
+        else if (nicd_hello_get(&k, &h))
+            nicd_hello_take(&k, (enum nicd_hello_state)h.state, h.isn); /* unless another took it first */
     }
     return NULL;
 }
