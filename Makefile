@@ -10,9 +10,10 @@ CODEC_UNIT_TESTS := $(patsubst codecs_c/tests/test_%.c,build/test_%_san,$(wildca
 FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fuzz_*.c)) build/fuzz_nicd_packet \
 	build/fuzz_tag_policy
 DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h daemon/*.cdef)
-# The tagging shim: the preload library, the policy parser and the contract header (with .cdef).
-SHIM_SRC := $(wildcard shim/*.c shim/*.h shim/*.cdef) shim/build_ffi.py
-CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -ffp-contract=off -Icodecs_c
+# The tagging shim: the preload library, the policy parser and the shared facts header
+# (inceptionn/inceptionn_contract.h, with .cdef).
+SHIM_SRC := $(wildcard shim/*.c shim/*.h shim/*.cdef inceptionn/*.h inceptionn/*.cdef) shim/build_ffi.py
+CFLAGS_CHECK := -O1 -g -std=gnu11 -Wall -Wextra -Werror -ffp-contract=off -Icodecs_c -Iinceptionn
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 # `make -j2 fuzz`: the long campaign, FUZZ_SECONDS per target (two at a time with -j2), over
 # FUZZ_NAMES (default: every target). Findings stay in build/fuzz-findings/NAME/ (crash-*,
@@ -86,9 +87,9 @@ build/stress_nicd_flows_san: daemon/tests/stress_nicd_flows.c daemon/nicd_flows.
 	$(CC) $(CFLAGS_CHECK) -Idaemon -Ishim $(SANITIZE) $< daemon/nicd_flows.c -lpthread -o $@
 
 # The ring engine (collective/ring_engine.c) over socket pairs, with hostile left neighbours.
-build/test_ring_engine_san: tests/shim_progs/ring_engine_asan.c collective/ring_engine.c collective/ring_codecs.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
+build/test_ring_engine_san: tests/shim_progs/ring_engine_asan.c collective/ring_engine.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	$(CC) $(CFLAGS_CHECK) -Icollective -Icodecs_c/tests $(SANITIZE) -pthread $< collective/ring_engine.c collective/ring_codecs.c $(CODEC_SRC) -lm -o $@
+	$(CC) $(CFLAGS_CHECK) -Icollective -Icodecs_c/tests $(SANITIZE) -pthread $< collective/ring_engine.c $(CODEC_SRC) -lm -o $@
 
 check-c: $(CODEC_UNIT_TESTS) $(NICD_STRESS) build/test_ring_engine_san
 	for t in $(CODEC_UNIT_TESTS) build/test_ring_engine_san; do ./$$t || exit 1; done
@@ -100,12 +101,12 @@ build/fuzz_%: codecs_c/fuzz/fuzz_%.c $(CODEC_SRC) $(CODEC_HDR)
 	clang $(CFLAGS_CHECK) -fsanitize=fuzzer $(SANITIZE) $< $(CODEC_SRC) -o $@
 
 # The soft NIC's packet transforms (they face the network): libFuzzer, ASan, UBSan.
-build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h shim/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
+build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h inceptionn/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 
 # The tagging policy parser (user text from the environment, run in every preloaded process).
-build/fuzz_tag_policy: shim/fuzz/fuzz_tag_policy.c shim/tag_policy.c shim/tag_policy.h shim/inceptionn_contract.h
+build/fuzz_tag_policy: shim/fuzz/fuzz_tag_policy.c shim/tag_policy.c shim/tag_policy.h inceptionn/inceptionn_contract.h
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -Ishim -fsanitize=fuzzer $(SANITIZE) $< shim/tag_policy.c -o $@
 
@@ -129,18 +130,18 @@ clean:
 # The soft NIC's gso transform alone (docs/perf.md): ./build/bench_nicd_packet [codec] [iterations]
 build/bench_nicd_packet: daemon/tests/bench_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	$(CC) -O3 -std=gnu11 -fno-strict-aliasing -ffp-contract=off -Idaemon -Icodecs_c $< daemon/nicd_packet.c codecs_c/inceptionn_codec.c codecs_c/inceptionn_codec_avx2.c -lm -o $@
+	$(CC) -O3 -std=gnu11 -fno-strict-aliasing -ffp-contract=off -Idaemon -Icodecs_c -Iinceptionn $< daemon/nicd_packet.c codecs_c/inceptionn_codec.c codecs_c/inceptionn_codec_avx2.c -lm -o $@
 
 # C perf harness (synthetic data, no Python): ./build/bench_codec [n] [log10 scale] [k]
 build/bench_codec: codecs_c/tests/bench_inceptionn_codec.c $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	$(CC) -O3 -std=gnu11 -ffp-contract=off -Icodecs_c $< $(CODEC_SRC) -lm -o $@
+	$(CC) -O3 -std=gnu11 -ffp-contract=off -Icodecs_c -Iinceptionn $< $(CODEC_SRC) -lm -o $@
 
 # THC's homomorphic ring in the engine, timed (thread CPU per call and rank, no Python):
 # ./build/bench_thc_ring [ranks] [n] [calls]
-build/bench_thc_ring: codecs_c/tests/bench_thc_ring.c collective/ring_engine.c collective/ring_codecs.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
+build/bench_thc_ring: codecs_c/tests/bench_thc_ring.c collective/ring_engine.c collective/ring_engine.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
-	$(CC) -O3 -std=gnu11 -fno-strict-aliasing -ffp-contract=off -DRE_STATS_CLOCK=CLOCK_THREAD_CPUTIME_ID -Icodecs_c -Icollective -pthread $< collective/ring_engine.c collective/ring_codecs.c $(CODEC_SRC) -lm -o $@
+	$(CC) -O3 -std=gnu11 -fno-strict-aliasing -ffp-contract=off -DRE_STATS_CLOCK=CLOCK_THREAD_CPUTIME_ID -Icodecs_c -Iinceptionn -Icollective -pthread $< collective/ring_engine.c $(CODEC_SRC) -lm -o $@
 
 # The soft NIC as a systemd service, installed the way daemons are: a self-contained venv under
 # /opt/inceptionn built from the system python (never this checkout's .venv, which may sit under

@@ -8,6 +8,7 @@
 #  - the MPI_Allreduce interposition library (collective/pmpi_allreduce.c), likewise, once per MPI
 #    ABI whose compiler wrapper is there to say how to build against it: OpenMPI's
 #    (libopenmpi-dev) and MPICH's (libmpich-dev)
+import importlib.util
 import shlex
 import shutil
 import subprocess
@@ -17,8 +18,8 @@ from setuptools import Extension, setup
 tag_preload = Extension(
     "inceptionn.shim._tagpreload",
     sources=["shim/inceptionn_tag.c", "shim/tag_policy.c"],
-    include_dirs=["shim"],
-    depends=["shim/inceptionn_tag.h", "shim/tag_policy.h", "shim/inceptionn_contract.h", "shim/log_line.h"],
+    include_dirs=["shim", "inceptionn"],
+    depends=["shim/inceptionn_tag.h", "shim/tag_policy.h", "inceptionn/inceptionn_contract.h", "shim/log_line.h"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden"],
     libraries=["dl"],
 )
@@ -48,6 +49,11 @@ def mpi_flags(family):
             [a[2:] for a in link if a.startswith("-l")], [a for a in link if not a.startswith(("-L", "-l"))])
 
 
+# the MPI library's C files and flags, listed once (collective/build_ffi.py; the codecs' in codecs_c/build_ffi.py)
+_spec = importlib.util.spec_from_file_location("engine_build", "collective/build_ffi.py")
+engine = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(engine)
+
 ext_modules = [tag_preload]
 # One source, one library per MPI ABI (collective/pmpi_abi.c refuses to run in the other kind);
 # shim/mpienv.py picks the one a program needs.
@@ -57,19 +63,11 @@ for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
         continue
     ext_modules.append(Extension(
         module,
-        sources=["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "collective/ring_engine.c",
-                 "collective/ring_handshake.c", "collective/nicd_bound.c",
-                 "collective/ring_codecs.c", "codecs_c/inceptionn_codec.c", "codecs_c/inceptionn_codec_avx2.c",
-                 "codecs_c/blockscale_codec.c", "codecs_c/thc_codec.c", "codecs_c/threelc_codec.c",
-                 "codecs_c/terngrad_codec.c"],
-        include_dirs=["collective", "codecs_c", "shim", *mpi[0]],
-        depends=["collective/pmpi_allreduce.h", "collective/ring_engine.h", "collective/ring_handshake.h",
-                 "collective/nicd_bound.h", "codecs_c/inceptionn_codec.h",
-                 "codecs_c/blockscale_codec.h", "codecs_c/thc_codec.h", "codecs_c/threelc_codec.h",
-                 "codecs_c/terngrad_codec.h", "shim/inceptionn_contract.h", "shim/log_line.h"],
-        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
-                            "-ffp-contract=off"],  # the same roundings on every host, as the codecs
-        library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], "crypto", "m"], extra_link_args=mpi[3],
+        sources=engine.PMPI_SOURCES,
+        include_dirs=[*engine.PMPI_INCLUDE, *mpi[0]],
+        depends=engine.PMPI_DEPENDS,
+        extra_compile_args=engine.PMPI_CFLAGS,
+        library_dirs=mpi[1], runtime_library_dirs=mpi[1], libraries=[*mpi[2], *engine.PMPI_LIBRARIES], extra_link_args=mpi[3],
     ))
 
 setup(

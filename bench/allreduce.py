@@ -49,6 +49,7 @@ from contextlib import ExitStack, contextmanager
 import numpy as np
 
 from ..daemon.launch import nicd, read_stats
+from ..limits import DEFAULT_ERROR_BOUND
 from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import format_rate, parse_rate
@@ -464,7 +465,7 @@ def add_arguments(p) -> None:
     p.add_argument("--counts", help="with --sweep: numbers of float32 values (default "
                    f"{','.join(map(str, SWEEP_COUNTS))})")
     p.add_argument("--mtu", type=int, default=9000, help="link MTU (default 9000)")
-    p.add_argument("--error-bound", type=int, default=-10, help="soft NIC error bound exponent (default -10)")
+    p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND, help=f"soft NIC error bound exponent (default {DEFAULT_ERROR_BOUND})")
     p.add_argument("--data", metavar="PATH", help="MNIST to capture gradients on (default: digits)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split and the captured gradients (default 0)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")

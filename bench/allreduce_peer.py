@@ -29,6 +29,8 @@ import zlib
 
 import numpy as np
 
+from ..limits import DEFAULT_ERROR_BOUND
+
 
 HOOK_IMPLS = {"gloo-fp16": "fp16", "gloo-bf16": "bf16"}   # DDP's hooks: train/torch_hooks.py
 
@@ -44,7 +46,7 @@ def _barrier_fn(impl: str, group=None, dist=None, comm=None):
 def main(argv: list[str]) -> int:
     impl, rank, world, workdir, reps = argv[0], int(argv[1]), int(argv[2]), argv[3], int(argv[4])
     master = argv[argv.index("--master") + 1] if "--master" in argv else None
-    error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else -10
+    error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else DEFAULT_ERROR_BOUND
     counts = [int(c) for c in argv[argv.index("--counts") + 1].split(",")] if "--counts" in argv else None
     comm = dist = group = None
     if impl.startswith("mpi"):

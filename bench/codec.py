@@ -21,7 +21,7 @@ from ..codecs._native import ffi
 from ..codecs.inceptionn import have_avx2, max_encoded_size
 from ..collective.scaling import scaled_copy
 from ..errors import UserError
-from ..limits import error_bound_problem
+from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
 from .timing import interleaved
 
 PAPER_TARGET_GBPS = 3.2  # one 256-bit burst per 100 MHz cycle (INCEPTIONN Sec. VI)
@@ -167,7 +167,8 @@ def add_arguments(p) -> None:
                    "default: scikit-learn's digits, shipped with the package")
     p.add_argument("--captures", type=int, default=8, help="gradients to capture from training (default 8)")
     p.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (default 9)")
-    p.add_argument("--error-bound", type=int, default=-10, help="bound exponent for the timing (default -10)")
+    p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND,
+                   help=f"bound exponent for the timing (default {DEFAULT_ERROR_BOUND})")
     p.add_argument("--bounds", default="-10,-8,-6", help="bound exponents for the tier table (default -10,-8,-6)")
     p.add_argument("--workers", type=int, default=4, help="workers the scaled rows assume (default 4)")
     p.add_argument("--bucket", type=int, default=65536, help="values per scaling bucket (default 65536)")

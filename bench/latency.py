@@ -62,6 +62,7 @@ def run(args) -> int:
     from contextlib import ExitStack
 
     from inceptionn.daemon.launch import nicd
+    from inceptionn.limits import DEFAULT_ERROR_BOUND
     from inceptionn.kernel_tc.testbed import Testbed
     if args.hosts < 2 or args.rounds < 1 or not 4 <= args.min_size <= args.max_size:
         raise UserError("need --hosts >= 2, --rounds >= 1 and 4 <= --min-size <= --max-size")
@@ -78,7 +79,7 @@ def run(args) -> int:
             with Testbed(hosts=args.hosts, rate=rate, mtu=args.mtu, name=f"lat{os.getpid()}") as tb, \
                     ExitStack() as daemons:
                 for h in tb.hosts if args.nic else []:
-                    daemons.enter_context(nicd(h, f"{tmp}/{h.name}.sock", -10))
+                    daemons.enter_context(nicd(h, f"{tmp}/{h.name}.sock", DEFAULT_ERROR_BOUND))
                 for rnd in range(args.rounds):
                     for side, wrapper in sides.items():
                         print(f"{rate} round {rnd + 1}/{args.rounds}: {side} ...", file=sys.stderr, flush=True)

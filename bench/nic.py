@@ -38,6 +38,7 @@ import numpy as np
 from ..collective.scaling import scaled_copy
 from ..daemon.launch import nicd, read_stats
 from ..errors import UserError
+from ..limits import DEFAULT_ERROR_BOUND
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import parse_rate
 from ..procs import cpu_seconds
@@ -544,7 +545,8 @@ def add_arguments(p) -> None:
     p.add_argument("--links", default="100mbit@1500,100mbit@9000,1gbit@1500,1gbit@9000,unshaped@1500,unshaped@9000",
                    help="comma-separated RATE@MTU (RATE 'unshaped' for the ceiling); default: 100 Mbit and "
                    "1 Gbit at MTU 1500 and 9000, and unshaped")
-    p.add_argument("--error-bound", type=int, default=-10, help="error bound exponent (default -10)")
+    p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND,
+                   help=f"error bound exponent (default {DEFAULT_ERROR_BOUND})")
     p.add_argument("--flood", type=float, default=0, metavar="PPS",
                    help="also measure each link while a third host sends PPS spoofed hello SYNs per second "
                    "to the receiver (e.g. 20000; default 0: no flood)")

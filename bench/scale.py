@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 from ..errors import UserError
+from ..limits import DEFAULT_ERROR_BOUND
 
 SETS = ("real", "heavy")
 POOL = 1_048_573          # prime: rank r reads noise pool entries (i + r * STRIDE) mod POOL
@@ -97,7 +98,7 @@ def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int,
     codec = get_codec(name, **applicable(name, error_bound=error_bound, seed=seed))
     nbytes = [0, 0, 0, 0]                # float32 bytes carried, codec bytes sent, exponent floats, payloads
 
-    if name == "inceptionn":
+    if codec.c_nic:                      # the soft NIC's codec: per packet, what it makes of the wire floats
         mode, unit = "nic", chunk
 
         def count(payload, m, times):
@@ -136,7 +137,7 @@ def run_one(x: Inputs, world: int, name: str, variant: str, *, error_bound: int,
     nmse = float(err @ err / (ref @ ref)) if ref @ ref > 0 else float(err @ err)
     row = {"codec": name, "variant": variant, "ranks": world, "nmse": nmse,
            "ratio": nbytes[0] / nbytes[1] if nbytes[1] else None, "seconds": round(seconds, 3)}
-    if name == "inceptionn":   # what the ring's app mode frames (a 4-byte length per payload), and the exponents' share
+    if codec.c_nic:   # what the ring's app mode frames (a 4-byte length per payload), and the exponents' share
         row.update(codec_bytes=nbytes[1], payloads=nbytes[3],
                    exponent_share=nbytes[2] * EXPONENT_BITS / 8 / nbytes[1] if nbytes[1] else None)
     return row
@@ -153,7 +154,7 @@ def parse_list(text: str, what: str, lo: int, hi: int) -> list[int]:
 
 
 def run(args) -> int:
-    from ..codecs import available_codecs
+    from ..codecs import available_codecs, codec_class
     ranks = parse_list(args.ranks, "--ranks", 2, 1024)
     codecs = args.codecs.split(",") if args.codecs else available_codecs()
     unknown = [c for c in codecs if c not in available_codecs()]
@@ -176,8 +177,9 @@ def run(args) -> int:
         for world in ranks:
             ref, _ = exact_sum(x, world, None)
             for name in codecs:
-                variants = ["before", "after"] if name == "inceptionn" and not args.after_only else ["after"]
-                per_value = name == "inceptionn"          # the only codec the bound and block apply to
+                # the scaled codec: the bound and block apply to it, and wire format v1 scaled it too
+                per_value = codec_class(name).wants_scaling
+                variants = ["before", "after"] if per_value and not args.after_only else ["after"]
                 for variant in variants:
                     dials = [(k, b, h) for k in (bounds if per_value else [bounds[0]])
                              for b in (blocks if per_value and variant == "after" else [None])
@@ -224,8 +226,8 @@ def add_arguments(p) -> None:
     p.add_argument("--codecs", help="comma-separated codecs (default every codec: inceptionn,terngrad,3lc,thc,fft)")
     p.add_argument("--sets", default="real,heavy", help="input sets: real (HDC gradients), heavy (heavy-tailed); "
                    "default both")
-    p.add_argument("--error-bound", default="-10", help="inceptionn error bound exponents, comma-separated to compare "
-                   "(write --error-bound=-10,-6; default -10)")
+    p.add_argument("--error-bound", default=str(DEFAULT_ERROR_BOUND), help="inceptionn error bound exponents, "
+                   f"comma-separated to compare (write --error-bound=-10,-6; default {DEFAULT_ERROR_BOUND})")
     p.add_argument("--block", default="256", help="values per scaling block for inceptionn, comma-separated to compare "
                    "(default 256, what the ring uses; other sizes are simulated only)")
     p.add_argument("--headroom", default=str(_default_headroom()), help="inceptionn: octaves h below 1.0 for each "

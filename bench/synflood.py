@@ -21,7 +21,7 @@ import struct
 import sys
 import time
 
-from ..shim.contract import TOS_COMPRESSED, TOS_HELLO, TOS_TAGGED
+from ..shim.contract import DEFAULT_ERROR_BOUND, TOS_COMPRESSED, TOS_HELLO, TOS_TAGGED
 
 TESTBED_NET = ipaddress.ip_network("198.18.0.0/15")  # kernel_tc.testbed.BENCHMARK_NET
 POOL = 65536  # distinct packets built; a longer flood cycles through them
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     p.add_argument("--exclude", action="append", default=[], help="a source never to use (repeatable)")
     p.add_argument("--synack", action="store_true", help="spoof answers (SYN-ACK) instead of hellos")
     p.add_argument("--ack", type=int, help="acknowledgment number (default random for --synack)")
-    p.add_argument("--error-bound", type=int, default=-10)
+    p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait-go", action="store_true", help="build, print \"ready\", start on a line on stdin")
     a = p.parse_args(argv)

@@ -1,6 +1,9 @@
 """Gradient codecs. ``get_codec(name, **params)`` is the one way in.
 
-A codec is one file here plus one line in ``_REGISTRY``.
+A codec is one file here plus one line in ``_REGISTRY`` (a Python class), or a C codec's one file
+(NAME_codec.c with its description, codec_table.h) plus one line in codec_list.h: the table gives
+its traits and defaults to the engine, the MPI library and Python, where a C codec without a class
+of its own runs as ``table.TableCodec``.
 """
 from __future__ import annotations
 
@@ -17,17 +20,23 @@ _REGISTRY = {
 
 
 def available_codecs() -> list[str]:
-    return sorted(_REGISTRY)
+    from . import table
+
+    return sorted({*_REGISTRY, *(n for n in table.names() if table.description(n).make != table.ffi.NULL)})
 
 
 def codec_class(name: str) -> type[Codec]:
     """The class of a registered codec (its traits are class attributes)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
-    module, cls = _REGISTRY[name]
-    from importlib import import_module
+    from . import table
 
-    return getattr(import_module(f"{__name__}.{module}"), cls)
+    if name in _REGISTRY:
+        module, cls = _REGISTRY[name]
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{module}"), cls)
+    if name in available_codecs():
+        return table.codec_class(name)
+    raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
 
 
 def get_codec(name: str, **params) -> Codec:

@@ -28,6 +28,10 @@ class Codec(ABC):
       ``agree``, below).
     - ``thread_safe``: ``encode``/``decode_into`` may run from several threads at once (no
       mutable state); otherwise callers serialise them.
+
+    A codec of the C table (codec_table.h) takes them from its C description, with what its C
+    runs: ``c_app`` (in the process, the ring engine's codec transport, the MPI library's app
+    mode), ``c_nic`` (the soft NIC runs it), ``c_summed`` (sums streams without decoding).
     """
 
     name: str = ""
@@ -37,7 +41,30 @@ class Codec(ABC):
     needs_agreement: bool = False
     thread_safe: bool = False
 
+    c_app: bool = False
+    c_nic: bool = False
+    c_summed: bool = False
+
     TRAITS = ("per_value", "wants_scaling", "wants_error_feedback", "needs_agreement", "thread_safe")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.name:
+            return
+        from . import table         # the C table (it imports this module)
+        if table.description(cls.name) is not None:
+            for trait, value in table.traits(cls.name).items():
+                setattr(cls, trait, value)
+
+    def c_state(self, world: int) -> dict | None:
+        """The fields of this codec's C state (its description's state_type) for one call of the
+        ring engine over ``world`` ranks, or None: the engine calls its Python methods instead
+        (no C ring codec, or this instance has none, e.g. ``impl="numpy"``)."""
+        return None
+
+    def c_done(self, state) -> None:
+        """After an engine call that ran the codec's C: take back what the call moved on in the
+        state (a random stream's position)."""
 
     def traits(self) -> dict[str, bool]:
         """This codec's traits by name (an instance may differ from its class, e.g. TernGrad

@@ -70,7 +70,7 @@ class FFTCodec(Codec):
     """Drop ratio ``theta`` (keep the top 1 - theta of the components), ``bits``-bit range
     float (paper: theta 0.85, N = 10). ``mantissa_bits=None`` picks m per blob."""
 
-    name = "fft"
+    name = "fft"                 # traits: its C description (fft_codec.c)
 
     def __init__(self, theta: float = 0.85, bits: int = 10, mantissa_bits: int | None = None,
                  error_feedback: bool = False, impl: str = "c"):

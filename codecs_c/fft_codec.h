@@ -41,6 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec_table.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -7,6 +7,7 @@ import numpy as np
 from . import inceptionn_reference as ref
 from ._cffi_util import decode_stream, error_text
 from ._native import ffi, lib
+from . import table
 from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
 
 IMPLS = {"auto": lib.INC_IMPL_AUTO, "scalar": lib.INC_IMPL_SCALAR, "avx2": lib.INC_IMPL_AVX2, "numpy": None}
@@ -25,13 +26,9 @@ def max_encoded_size(n: int) -> int:
 class InceptionnCodec(Codec):
     """Error bound 2^error_bound, error_bound a negative integer (the paper uses -10, -8, -6)."""
 
-    name = "inceptionn"
-    per_value = True             # 8-value groups, but every value decodes to its own reconstruction
-    wants_scaling = True         # absolute precision: below 2^-7 most values become zero
-    wants_error_feedback = True  # ... and error feedback brings back what was dropped
-    thread_safe = True           # stateless C
+    name = "inceptionn"          # traits: its C description (inceptionn_codec.c)
 
-    def __init__(self, error_bound: int = -10, impl: str = "auto"):
+    def __init__(self, error_bound: int = table.defaults("inceptionn").error_bound, impl: str = "auto"):
         if isinstance(error_bound, bool) or not isinstance(error_bound, (int, np.integer)):
             raise TypeError(f"error_bound must be an integer exponent such as -10, got {error_bound!r}")
         if not lib.INC_MIN_ERROR_BOUND <= error_bound <= lib.INC_MAX_ERROR_BOUND:
@@ -43,6 +40,9 @@ class InceptionnCodec(Codec):
         self.error_bound = int(error_bound)
         self.impl = ("avx2" if have_avx2() else "scalar") if impl == "auto" else impl
         self._impl_code = IMPLS[self.impl]
+
+    def c_state(self, world: int) -> dict:
+        return {"error_bound": self.error_bound}
 
     def __repr__(self) -> str:
         return f"InceptionnCodec(error_bound={self.error_bound}, impl={self.impl!r})"

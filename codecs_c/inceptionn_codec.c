@@ -7,6 +7,7 @@
 #include "inceptionn_codec_internal.h"
 #include "codec_util.h"
 
+#include <stdio.h>
 #include <string.h>
 
 
@@ -371,3 +372,61 @@ int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t count
 {
     return inc_stream_histogram_impl(in, len, n, counts, INC_IMPL_AUTO);
 }
+
+/* --- in the ring (codec_table.h) --------------------------------------------------------------- */
+
+static size_t ring_max_size(const struct re_codec *c, size_t n)
+{
+    (void)c;
+    return inc_max_encoded_size(n);
+}
+
+static ptrdiff_t ring_encode(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
+{
+    return inc_encode(x, n, c->error_bound, out, cap, INC_IMPL_AUTO);
+}
+
+static int ring_decode(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
+{
+    (void)c;
+    return inc_decode(in, len, out, n, NULL, INC_IMPL_AUTO);
+}
+
+static void ring_reconstruct(const struct re_codec *c, const float *x, size_t n, float *out)
+{
+    inc_reconstruct(x, n, c->error_bound, out);
+}
+
+void re_codec_inceptionn(struct re_codec *c, int k)
+{
+    *c = (struct re_codec){.name = "inceptionn", .scaled = 1, .error_bound = k, .max_encoded_size = ring_max_size,
+                           .encode = ring_encode, .decode = ring_decode, .reconstruct = ring_reconstruct,
+                           .strerror = inc_strerror};
+}
+
+static void ring_make(struct re_codec *c, void *state)
+{
+    re_codec_inceptionn(c, ((const struct re_inc *)state)->error_bound);
+}
+
+static int ring_begin(void *state, const struct re_call *call)
+{
+    ((struct re_inc *)state)->error_bound = call->error_bound;
+    return 0;
+}
+
+static void ring_describe(const void *state, const struct re_call *call, char *out, size_t cap)
+{
+    (void)state;
+    snprintf(out, cap, "inceptionn, error bound %d", call->error_bound);
+}
+
+static const struct re_inc DEFAULTS = {.error_bound = INCEPTIONN_DEFAULT_ERROR_BOUND};
+
+/* per value (8-value groups, but every value decodes to its own reconstruction), scaled (absolute
+ * precision: below 2^-7 most values become zero), error feedback (it brings back what was
+ * dropped), stateless; the one codec the soft NIC runs */
+const struct re_codec_desc re_codec_inceptionn_desc = {
+    .name = "inceptionn", .per_value = 1, .wants_scaling = 1, .wants_error_feedback = 1, .thread_safe = 1,
+    .app = 1, .nic = 1, .state_type = "struct re_inc", .state_size = sizeof DEFAULTS, .defaults = &DEFAULTS,
+    .make = ring_make, .begin = ring_begin, .describe = ring_describe};

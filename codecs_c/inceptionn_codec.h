@@ -20,14 +20,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec_table.h"
+#include "inceptionn_contract.h"   /* the error-bound range and default */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define INC_LANES 8
 #define INC_MAX_GROUP_BYTES 34 /* 2-byte tag word + 8 lanes x 4 bytes */
-#define INC_MIN_ERROR_BOUND (-30)
-#define INC_MAX_ERROR_BOUND (-1)
+#define INC_MIN_ERROR_BOUND INCEPTIONN_ERROR_BOUND_MIN
+#define INC_MAX_ERROR_BOUND INCEPTIONN_ERROR_BOUND_MAX
 
 enum inc_tag { INC_0BIT = 0, INC_8BIT = 1, INC_16BIT = 2, INC_NO_COMPRESS = 3 };
 
@@ -82,6 +85,14 @@ int inc_stream_histogram(const uint8_t *in, size_t len, size_t n, uint64_t count
 int inc_stream_histogram_impl(const uint8_t *in, size_t len, size_t n, uint64_t counts[4], int impl);
 
 const char *inc_strerror(int status);
+
+/* In the ring (codec_table.h, re_codec_inceptionn): the codec at error bound k
+ * (INC_MIN_ERROR_BOUND..INC_MAX_ERROR_BOUND), scaled; its state is the bound. */
+struct re_inc {
+    int error_bound;
+};
+
+void re_codec_inceptionn(struct re_codec *c, int k);
 
 #ifdef __cplusplus
 }

@@ -28,10 +28,13 @@ import numpy as np
 from . import terngrad_reference as ref
 from ._cffi_util import decode_blob, error_text
 from ._native import ffi, lib
+from . import table
 from .base import Codec, check_choice, check_count, check_vector
 
 PACKINGS = {"2bit": lib.TG_PACK_2BIT, "base3": lib.TG_PACK_BASE3}
 IMPLS = ("auto", "c", "numpy")
+_DEFAULTS = table.defaults("terngrad")     # get_codec("terngrad")'s, from its C description
+_DEFAULT_PACKING = next(k for k, v in PACKINGS.items() if v == _DEFAULTS.packing)
 HEADER_BYTES = lib.TG_HEADER_BYTES
 
 
@@ -50,9 +53,9 @@ class TernGradCodec(Codec):
     c (values clipped to [-c*sigma, c*sigma]; None or 0 disables); ``share_scaler`` turns on the
     max-agreement of scalers among workers; ``seed`` seeds the stochastic rounding."""
 
-    name = "terngrad"
+    name = "terngrad"            # traits: its C description (terngrad_codec.c)
 
-    def __init__(self, packing: str = "2bit", clip: float | None = 2.5, share_scaler: bool = False,
+    def __init__(self, packing: str = _DEFAULT_PACKING, clip: float | None = _DEFAULTS.clip, share_scaler: bool = False,
                  seed: int | None = None, impl: str = "auto"):
         check_choice("packing", packing, PACKINGS)
         if clip is not None:
@@ -78,6 +81,17 @@ class TernGradCodec(Codec):
         self.impl = "c" if impl == "auto" else impl
         self._shared: np.float32 | None = None
         self._round_no: int | None = None
+
+    def c_state(self, world: int) -> dict | None:
+        """Its C in the engine from this codec's random stream (``c_done`` moves it on), unless
+        ``impl="numpy"`` or a shared scaler not agreed yet."""
+        if self.impl != "c" or (self.share_scaler and self.agreed_scaler is None):
+            return None
+        return {"clip": self.clip, "packing": PACKINGS[self.packing], "seed": self.seed, "draw": self.draw % 2**64,
+                "shared": self.agreed_scaler if self.share_scaler else -1.0}
+
+    def c_done(self, state) -> None:
+        self.skip((int(state.draw) - self.draw) % 2**64)
 
     def __repr__(self) -> str:
         return (f"TernGradCodec(packing={self.packing!r}, clip={self.clip or None}, "

@@ -8,6 +8,8 @@
 #include "threelc_base3.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The clip bound must not depend on whether the compiler fuses a multiply and an add. */
@@ -369,3 +371,56 @@ fail:
         *err_at = at;
     return st;
 }
+
+/* --- in the ring (codec_table.h): TernGrad ----------------------------------------------------- */
+
+static size_t tg_max_size(const struct re_codec *c, size_t n)
+{
+    const struct re_tg *s = c->state;
+    return tg_encoded_size(n, s->packing);
+}
+
+/* each encode takes the next tg_draws(n) draws of the random stream, as terngrad.py's encode */
+static ptrdiff_t tg_enc(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
+{
+    struct re_tg *s = c->state;
+    ptrdiff_t got = tg_encode(x, n, s->clip, s->shared, s->packing, s->seed, s->draw, out, cap);
+    if (got >= 0)
+        s->draw += tg_draws(n);
+    return got;
+}
+
+static int tg_dec(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
+{
+    (void)c;
+    return tg_decode(in, len, out, n, NULL);
+}
+
+void re_codec_terngrad(struct re_codec *c, void *state)
+{
+    *c = (struct re_codec){.name = "terngrad", .state = state, .max_encoded_size = tg_max_size, .encode = tg_enc,
+                           .decode = tg_dec, .strerror = tg_strerror};
+}
+
+
+/* this rank's random stream; its position (draw) carries on from call to call in the state */
+static int tg_begin(void *state, const struct re_call *call)
+{
+    ((struct re_tg *)state)->seed = call->seed;
+    return 0;
+}
+
+static void tg_describe(const void *state, const struct re_call *call, char *out, size_t cap)
+{
+    (void)call;
+    const struct re_tg *s = state;
+    snprintf(out, cap, "terngrad (clip %g, %s packing, %s)", s->clip, s->packing == TG_PACK_2BIT ? "2-bit" : "base-3",
+             s->shared < 0 ? "no shared scaler" : "a shared scaler");
+}
+
+static const struct re_tg TG_DEFAULTS = {.clip = 2.5, .shared = -1.0f, .packing = TG_PACK_2BIT};
+
+/* a whole tensor per encode (its scaler), no error feedback, a random stream per worker */
+const struct re_codec_desc re_codec_terngrad_desc = {
+    .name = "terngrad", .app = 1, .state_type = "struct re_tg", .state_size = sizeof TG_DEFAULTS,
+    .defaults = &TG_DEFAULTS, .make = re_codec_terngrad, .begin = tg_begin, .describe = tg_describe};

@@ -39,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec_table.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -103,6 +105,18 @@ int tg_simd(int enable);
 void tg_random(uint64_t seed, uint64_t draw, size_t count, uint64_t *out);
 
 const char *tg_strerror(int status);
+
+/* TernGrad in the ring (codec_table.h): clip, the agreed scaler (negative: none), packing, and the
+ * random stream's seed and position, which every encode advances by tg_draws(n) (the caller reads
+ * draw back after the call). */
+struct re_tg {
+    double clip;
+    float shared;
+    int packing;
+    uint64_t seed, draw;
+};
+
+void re_codec_terngrad(struct re_codec *c, void *state);   /* state: a struct re_tg */
 
 #ifdef __cplusplus
 }

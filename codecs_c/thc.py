@@ -28,11 +28,13 @@ from . import thc_reference as ref
 from . import thc_table_generator
 from ._cffi_util import bytes_in, error_text, floats_out
 from ._native import ffi, lib
+from . import table
 from .base import Codec, check_blob, check_choice, check_count, check_out, check_vector
 from .memory import check_switch
 from .thc_table_generated import TABLES
 
 IMPLS = ("c", "numpy")
+_DEFAULTS = table.defaults("thc")      # get_codec("thc")'s, from its C description
 SUM_WIDTHS = (8, 16, 32)
 _U64 = 1 << 64
 
@@ -67,10 +69,9 @@ def _int_param(name, value, lo, hi):
 class THCCodec(Codec):
     """THC with ``bits`` per index, granularity ``g``, clamp fraction ``p`` (paper: 4, 30, 1/32)."""
 
-    name = "thc"
-    needs_agreement = True
+    name = "thc"                 # traits: its C description (thc_codec.c)
 
-    def __init__(self, bits: int = 4, granularity: int | None = None, p: float = 1 / 32,
+    def __init__(self, bits: int = _DEFAULTS.bits, granularity: int | None = None, p: float = 1 / 32,
                  table: str | Sequence[int] = "nonuniform", seed: int = 0,
                  error_feedback: bool = True, noise_seed: int | None = None,
                  impl: str = "c"):
@@ -137,12 +138,18 @@ class THCCodec(Codec):
 
     def round_parameters(self) -> tuple[float, int, int]:
         """This round's (agreed norm l, rotation seed, a fresh noise seed of this worker) for an
-        engine that encodes in C (collective/ring_codecs.c): the values ``encode`` would use,
+        engine that encodes in C (codecs_c/thc_codec.c, "in the ring"): the values ``encode`` would use,
         after ``agree``."""
         if self._agreed is None:
             raise RuntimeError("THC in a collective needs agree() first (the max norm and the round)")
         norm, round_no = self._agreed
         return norm, round_seed(self.seed, round_no), int(self._noise.integers(0, _U64, dtype=np.uint64))
+
+    def c_state(self, world: int) -> dict:
+        """Its C in the engine (thc_codec.c, struct re_thc): this round's parameters."""
+        norm, rot_seed, noise_seed = self.round_parameters()
+        return {"bits": self.bits, "granularity": self.granularity, "ranks": world, "table": list(self.table),
+                "t_p": self.t_p, "norm": norm, "rot_seed": rot_seed, "noise_seed": noise_seed}
 
     def range_for(self, norm: float, n: int) -> np.float32:
         """``M = t_p * l / sqrt(d)`` as the float32 the header carries."""

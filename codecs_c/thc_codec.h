@@ -42,6 +42,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec_table.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -148,7 +150,7 @@ ptrdiff_t thc_sum(const uint8_t *const *blobs, const size_t *lens, size_t count,
                   uint8_t *out, size_t cap, size_t *err_at);
 
 /*
- * The ring's fast path (collective/ring_codecs.c): a worker's stream built in pieces, never
+ * The ring's fast path (codecs_c/thc_codec.c, "in the ring"): a worker's stream built in pieces, never
  * decoded back.
  *
  * thc_rotate_unscaled: work[0..d) = H D [in, 0, ...] (d a power of two >= n), thc_rht without its
@@ -192,6 +194,32 @@ ptrdiff_t thc_add_indices(const uint8_t *in, size_t len, const uint8_t *z, size_
 int thc_decode_rotated_sum(const uint8_t *in, size_t len, size_t n, float *work, size_t *err_at);
 
 const char *thc_strerror(int status);
+
+/*
+ * THC in the ring (codec_table.h) for one call, summed in the encoded domain.
+ * Every rank holds the same bits, granularity, table, t_p, agreed norm and rotation seed; a
+ * block of n values is quantized on the range M = t_p * norm / sqrt(d), d its padded length
+ * (thc.py range_for). noise_seed is this rank's own: encode k of the call rounds with
+ * thc_random_word(noise_seed, k) (encodes counts them). ranks: the most contributions a stream
+ * sums (sizes the frames). The fields after encodes are the adapter's scratch (zero: none yet),
+ * reused by every encode and decode of a call and freed by re_thc_release, which re_allreduce
+ * calls when it returns (the codec's release): a caller that zero-initialises the struct and uses
+ * it only through re_allreduce has nothing to free.
+ */
+struct re_thc {
+    int bits, granularity, ranks;
+    uint8_t table[256];
+    double t_p, norm;
+    uint64_t rot_seed, noise_seed, encodes;
+    float *work;        /* scratch: work_dim floats */
+    uint8_t *index;     /* scratch: work_dim table indices */
+    size_t work_dim;
+};
+
+void re_codec_thc(struct re_codec *c, void *state);   /* state: a struct re_thc */
+
+/* Frees the scratch of s (idempotent; the other fields are left as they are). */
+void re_thc_release(struct re_thc *s);
 
 #ifdef __cplusplus
 }

@@ -16,9 +16,11 @@ import numpy as np
 from . import threelc_reference as ref
 from ._cffi_util import decode_blob, error_text, floats_out
 from ._native import ffi, lib
+from . import table
 from .base import Codec, check_choice, check_count, check_vector
 
 IMPLS = ("auto", "c", "numpy")
+_DEFAULTS = table.defaults("3lc")      # get_codec("3lc")'s, from its C description
 HEADER_BYTES = lib.TLC_HEADER_BYTES
 
 
@@ -41,11 +43,10 @@ class ThreeLCCodec(Codec):
     """``sparsity`` the multiplier s in [1, 2) (1.0 keeps max|A|; 1.5, 1.75, 1.9 in the paper);
     ``zre`` zero-run encoding on/off."""
 
-    name = "3lc"
-    wants_error_feedback = True  # specified with an error-accumulation buffer
-    thread_safe = True           # no state between calls: buffers are per call
+    name = "3lc"                 # traits: its C description (threelc_codec.c)
 
-    def __init__(self, sparsity: float = 1.0, zre: bool = True, impl: str = "auto"):
+    def __init__(self, sparsity: float = float(_DEFAULTS.sparsity), zre: bool = bool(_DEFAULTS.zre),
+                 impl: str = "auto"):
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float, np.integer, np.floating)):
             raise TypeError(f"sparsity must be a number in [1, 2), got {sparsity!r}")
         self.sparsity = float(ref.check_sparsity(sparsity))  # as float32, the value C uses
@@ -54,6 +55,9 @@ class ThreeLCCodec(Codec):
         check_choice("impl", impl, IMPLS)
         self.zre = zre
         self.impl = "c" if impl == "auto" else impl
+
+    def c_state(self, world: int) -> dict | None:
+        return {"sparsity": self.sparsity, "zre": int(self.zre)} if self.impl == "c" else None
 
     def __repr__(self) -> str:
         return f"ThreeLCCodec(sparsity={self.sparsity}, zre={self.zre}, impl={self.impl!r})"

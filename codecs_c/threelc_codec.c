@@ -7,6 +7,8 @@
 #include "threelc_base3.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 size_t tlc_max_encoded_size(size_t n)
@@ -289,3 +291,44 @@ fail:
         *err_at = at;
     return st;
 }
+
+/* --- in the ring (codec_table.h): 3LC ---------------------------------------------------------- */
+
+static size_t tlc_max_size(const struct re_codec *c, size_t n)
+{
+    (void)c;
+    return tlc_max_encoded_size(n);
+}
+
+static ptrdiff_t tlc_enc(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
+{
+    const struct re_tlc *s = c->state;
+    return tlc_encode(x, n, s->sparsity, s->zre, out, cap, NULL);
+}
+
+static int tlc_dec(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
+{
+    (void)c;
+    return tlc_decode(in, len, out, n, NULL);
+}
+
+void re_codec_threelc(struct re_codec *c, void *state)
+{
+    *c = (struct re_codec){.name = "3lc", .state = state, .max_encoded_size = tlc_max_size, .encode = tlc_enc,
+                           .decode = tlc_dec, .strerror = tlc_strerror};
+}
+
+
+static void tlc_describe(const void *state, const struct re_call *call, char *out, size_t cap)
+{
+    (void)call;
+    const struct re_tlc *s = state;
+    snprintf(out, cap, "3lc (sparsity %g, zero-run encoding %s)", (double)s->sparsity, s->zre ? "on" : "off");
+}
+
+static const struct re_tlc TLC_DEFAULTS = {.sparsity = 1.0f, .zre = 1};
+
+/* a whole tensor per encode (max|A|), specified with an error-accumulation buffer, stateless */
+const struct re_codec_desc re_codec_threelc_desc = {
+    .name = "3lc", .wants_error_feedback = 1, .thread_safe = 1, .app = 1, .state_type = "struct re_tlc",
+    .state_size = sizeof TLC_DEFAULTS, .defaults = &TLC_DEFAULTS, .make = re_codec_threelc, .describe = tlc_describe};

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec_table.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -84,6 +86,15 @@ int tlc_scaler(const float *in, size_t n, float s, float *m);
 int tlc_simd(int enable);
 
 const char *tlc_strerror(int status);
+
+/* 3LC in the ring (codec_table.h) with sparsity multiplier s and zero-run encoding on or off:
+ * stateless, the same stream as threelc.py's C path. */
+struct re_tlc {
+    float sparsity;
+    int zre;
+};
+
+void re_codec_threelc(struct re_codec *c, void *state);   /* state: a struct re_tlc */
 
 #ifdef __cplusplus
 }

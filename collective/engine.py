@@ -2,10 +2,11 @@
 library runs; its schedule, transports and wire: docs/collectives.md, "The ring engine"), the one
 implementation of the ring's schedule.
 
-The engine runs raw floats and every codec: INCEPTIONN's, THC's, 3LC's and TernGrad's C codecs in
-C (THC in app mode summed without decoding), any other codec through its Python methods called back (``reconstruct``
-on the tagged socket, ``encode``/``decode_into`` in the process); ``supports`` says which calls
-it takes.
+The engine runs raw floats and every codec: a codec of the C table (codecs_c/codec_table.h) in C
+where its description has a ring codec for the mode and the codec object gives its state
+(``c_state``; THC in app mode summed without decoding), any other codec through its Python methods
+called back (``reconstruct`` on the tagged socket, ``encode``/``decode_into`` in the process);
+``supports`` says which calls it takes.
 It runs the whole ring in one C call without the GIL, on the Group's two ring sockets; Python
 keeps the API, the rendezvous, the control rounds and the checks around it."""
 from __future__ import annotations
@@ -15,10 +16,6 @@ import socket
 
 import numpy as np
 
-from ..codecs.inceptionn import InceptionnCodec
-from ..codecs.terngrad import PACKINGS, TernGradCodec
-from ..codecs.thc import THCCodec
-from ..codecs.threelc import ThreeLCCodec
 from ._engine import ffi, lib
 from .ring import WireError, scaling_bound
 from .stats import Timers
@@ -30,24 +27,35 @@ class EngineError(RuntimeError):
 
 
 def supports(mode: str, codec, scaled: bool) -> bool:
-    """raw floats; on the tagged socket the INCEPTIONN codec (scaled or not) and any other per-value
-    codec (its ``reconstruct`` called back from the engine; scaled, INCEPTIONN's at its bound, as
-    ring.Wire does); in the process every codec: INCEPTIONN's, THC's, 3LC's and TernGrad's in C
-    (THC summed without decoding), any other through its Python ``encode``/``decode_into`` called
-    back."""
+    """raw floats; on the tagged socket any per-value codec (its C reconstruct, or its Python one
+    called back; scaled, INCEPTIONN's at its bound, as ring.Wire does); in the process every codec
+    (in C or called back)."""
     if mode == "nic":
-        return type(codec) is InceptionnCodec or codec.per_value
+        return codec.per_value
     return mode in ("raw", "app")
 
 
-def _thc_state(codec: THCCodec, world: int):
-    """The call's THC parameters for collective/ring_codecs.c (struct re_thc)."""
-    s = ffi.new("struct re_thc *")
-    s.bits, s.granularity, s.ranks = codec.bits, codec.granularity, world
-    s.table[0:len(codec.table)] = list(codec.table)
-    s.t_p = codec.t_p
-    s.norm, s.rot_seed, s.noise_seed = codec.round_parameters()
-    return s
+def _c_codec(c, codec, mode: str, scaled: bool, world: int):
+    """Fill ``c`` with the codec's C ring codec (its description's make over a state from its
+    defaults and the codec object's ``c_state``); returns the state (kept alive by the caller), or
+    None when the codec's Python methods run instead."""
+    d = lib.re_codec_named(codec.name.encode())
+    if d == ffi.NULL or not (d.nic if mode == "nic" else d.app) or (scaled and not d.wants_scaling):
+        return None
+    fields = codec.c_state(world)
+    if fields is None:
+        return None
+    buf = ffi.new("char[]", max(int(d.state_size), 1))
+    if d.state_size:
+        ffi.memmove(buf, d.defaults, d.state_size)
+    state = ffi.cast(ffi.string(d.state_type).decode() + " *", buf) if d.state_type != ffi.NULL else buf
+    for name, value in fields.items():
+        if isinstance(value, (list, tuple)):
+            getattr(state, name)[0:len(value)] = list(value)
+        else:
+            setattr(state, name, value)
+    d.make(c, buf)
+    return buf, state
 
 
 def _failed(failures: list, conns, e: BaseException) -> None:
@@ -79,6 +87,9 @@ class _PythonCodec:
                           (("max_encoded_size", self.max_size), ("encode", self.encode),
                            ("decode", self.decode), ("strerror", self.strerror))]
         c.max_encoded_size, c.encode, c.decode, c.strerror = self.callbacks
+        if codec.per_value:         # on the tagged socket
+            self.callbacks.append(ffi.callback(fields["reconstruct"].type, self.reconstruct))
+            c.reconstruct = self.callbacks[-1]
 
     def fail(self, e: BaseException) -> int:
         _failed(self.failures, self.conns, e)
@@ -115,27 +126,22 @@ class _PythonCodec:
         except BaseException as e:          # noqa: BLE001
             return self.fail(e)
 
+    def reconstruct(self, _c, x, n, out):
+        """An exception is kept and the ring's connections shut at once, so that nothing this rank
+        has not reconstructed goes out and its neighbours fail too instead of summing it."""
+        try:
+            src = np.frombuffer(ffi.buffer(x, n * 4), np.float32)
+            dst = np.frombuffer(ffi.buffer(out, n * 4), np.float32)
+            got = self.codec.reconstruct(src, dst)
+            if got is not dst:
+                dst[:] = got
+        except BaseException as e:      # noqa: BLE001 - nothing may unwind through C
+            self.fail(e)
+
     def strerror(self, status):
         return self.message if status == self.E_DATA else self._failed
 
     _failed = ffi.new("char[]", b"the codec raised (see the exception)")
-
-
-def _reconstruct_callback(codec, failures: list, conns):
-    """The codec's Python ``reconstruct`` as the engine's (the engine calls it with the GIL taken
-    back). An exception is kept in ``failures`` and raised after the call; the ring's connections
-    are shut down at once, so that nothing this rank has not reconstructed goes out and its
-    neighbours fail too instead of summing it."""
-    def reconstruct(_c, x, n, out):
-        try:
-            src = np.frombuffer(ffi.buffer(x, n * 4), np.float32)
-            dst = np.frombuffer(ffi.buffer(out, n * 4), np.float32)
-            got = codec.reconstruct(src, dst)
-            if got is not dst:
-                dst[:] = got
-        except BaseException as e:      # noqa: BLE001 - nothing may unwind through C
-            _failed(failures, conns, e)
-    return ffi.callback(ffi.typeof(ffi.new("struct re_codec *").reconstruct), reconstruct)
 
 
 def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv: Conn, chunk_values: int,
@@ -147,34 +153,13 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     assert supports(mode, codec, scaled) and world >= 2
     c = ffi.new("struct re_codec *")
     failures: list = []
-    callback = state = start_draw = None
+    state = None
     if mode != "raw":
-        if type(codec) is THCCodec:
-            state = _thc_state(codec, world)
-            lib.re_codec_thc(c, state)
-        elif mode == "app" and type(codec) is ThreeLCCodec and codec.impl == "c" and not scaled:
-            state = ffi.new("struct re_tlc *")
-            state.sparsity, state.zre = codec.sparsity, int(bool(codec.zre))
-            lib.re_codec_threelc(c, state)
-        elif mode == "app" and type(codec) is TernGradCodec and codec.impl == "c" and not scaled and \
-                (not codec.share_scaler or codec.agreed_scaler is not None):
-            state = ffi.new("struct re_tg *")
-            state.clip, state.packing, state.seed = codec.clip, PACKINGS[codec.packing], codec.seed
-            state.shared = codec.agreed_scaler if codec.share_scaler else -1.0
-            state.draw = start_draw = codec.draw % 2**64
-            lib.re_codec_terngrad(c, state)
-        elif mode == "app" and type(codec) is not InceptionnCodec:    # any other codec, called back
-            state = _PythonCodec(codec, c, failures, (send, recv))
-            c.scaled = int(bool(scaled))
-            c.error_bound = scaling_bound(codec) if scaled else 0
-        elif type(codec) is InceptionnCodec or scaled:
-            lib.re_codec_inceptionn(c, scaling_bound(codec))
-            c.scaled = int(bool(scaled))
-        else:                           # another per-value codec on the tagged socket
-            lib.re_codec_inceptionn(c, -10)    # for its error text only: reconstruct is the codec's
-            c.scaled = 0
-            callback = _reconstruct_callback(codec, failures, (send, recv))
-            c.reconstruct = callback
+        state = _c_codec(c, codec, mode, scaled, world)
+        callbacks = None if state else _PythonCodec(codec, c, failures, (send, recv))   # alive for the call
+        c.scaled = int(bool(scaled))
+        if scaled:
+            c.error_bound = scaling_bound(codec)
     r = ffi.new("struct re_ring *")
     r.rank, r.size, r.chunk = rank, world, chunk_values
     r.send_fd, r.recv_fd = send.sock.fileno(), recv.sock.fileno()
@@ -187,8 +172,8 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
     st = lib.re_allreduce(r, ffi.cast("float *", ffi.from_buffer(work)), work.size,
                           ffi.cast("float *", ffi.from_buffer(lost)) if lost is not None else ffi.NULL,
                           stats, err, len(err))
-    if start_draw is not None:           # TernGrad: the random stream's position moves on
-        codec.skip((int(state.draw) - start_draw) % 2**64)
+    if state:
+        codec.c_done(state[1])
     send.counters.add(send.send_plane, sent=int(stats.bytes_sent))
     recv.counters.add(recv.recv_plane, received=int(stats.bytes_received))
     if timers is not None:

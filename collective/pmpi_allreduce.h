@@ -10,7 +10,7 @@
  *   INCEPTIONN_MPI_CODEC        inceptionn (default), thc, 3lc or terngrad (app mode only), at
  *                               the Python codecs' defaults; fft is refused (numpy's only)
  *   INCEPTIONN_MPI_MIN_COUNT    smallest count taken (default 65536 values)
- *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default -10, nicd's default; in nic mode
+ *   INCEPTIONN_MPI_ERROR_BOUND  the codec's k, -30..-1 (default: inceptionn_contract.h's, nicd's; in nic mode
  *                               it must be the daemons' bound)
  *   INCEPTIONN_MPI_CHUNK        values per pipelined chunk (default 65536)
  *   INCEPTIONN_MPI_TIMEOUT      seconds a ring waits for a peer before aborting, and the one
@@ -41,7 +41,6 @@
 
 #define INC_MPI_DEFAULT_MIN_COUNT 65536
 #define INC_MPI_DEFAULT_CHUNK 65536
-#define INC_MPI_DEFAULT_ERROR_BOUND (-10)
 #define INC_MPI_DEFAULT_TIMEOUT 300
 #define INC_MPI_CHOICE_CLASSES 31        /* count classes [2^c, 2^(c+1)) of an int count */
 #define INC_MPI_PROBE_CALLS 2            /* probe calls per round (one ring-first, one MPI-first) */
@@ -49,7 +48,6 @@
 #define INC_MPI_REPROBE_MAX 8192         /* doubling after every round up to this */
 #define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
-#define INC_MPI_DEFAULT_NICD_SOCKET "/run/inceptionn/nicd.sock"   /* daemon/settings.py's default */
 #define INC_MPI_SETTINGS_VERSION 4       /* the settings and the handshake this build speaks (4: the choice of path) */
 
 /* collective/pmpi_abi.c: stop with one line if another MPI family's libmpi is in the process */

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..codecs.blockscale import BLOCK_VALUES, HEADROOM, BlockScale
-from ..codecs.thc import THCCodec
 
 MODES = ("raw", "nic", "app")
 
@@ -149,7 +148,7 @@ def simulate_ring(n: int, world: int, values, *, chunk_values: int, mode: str, c
     engine, not its bits (other rounding noise). ``sum_encoded=False`` runs THC like the other
     codecs (decode, add, re-encode per hop), the ring before the engine ran THC."""
     assert mode in MODES and world >= 2
-    if mode == "app" and isinstance(codec, THCCodec) and sum_encoded is not False:
+    if mode == "app" and codec.c_summed and sum_encoded is not False:   # THC: its C sums encoded
         return _simulate_summed(n, world, values, chunk_values, codec, count, progress)
     wire = Wire(mode, codec, scaled=scaled, need_decoded=False, block=block, headroom=headroom)
     out = np.empty(n, dtype=np.float32)

@@ -21,37 +21,6 @@
 #include <time.h>
 
 #include "blockscale_codec.h"
-#include "inceptionn_codec.h"
-
-/* --- the codec interface: INCEPTIONN ---------------------------------------------------------- */
-
-static size_t inc_max_size(const struct re_codec *c, size_t n)
-{
-    (void)c;
-    return inc_max_encoded_size(n);
-}
-
-static ptrdiff_t inc_enc(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap)
-{
-    return inc_encode(x, n, c->error_bound, out, cap, INC_IMPL_AUTO);
-}
-
-static int inc_dec(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n)
-{
-    (void)c;
-    return inc_decode(in, len, out, n, NULL, INC_IMPL_AUTO);
-}
-
-static void inc_recon(const struct re_codec *c, const float *x, size_t n, float *out)
-{
-    inc_reconstruct(x, n, c->error_bound, out);
-}
-
-void re_codec_inceptionn(struct re_codec *c, int k)
-{
-    *c = (struct re_codec){.name = "inceptionn", .scaled = 1, .error_bound = k, .max_encoded_size = inc_max_size,
-                           .encode = inc_enc, .decode = inc_dec, .reconstruct = inc_recon, .strerror = inc_strerror};
-}
 
 /* --- the transports --------------------------------------------------------------------------- */
 

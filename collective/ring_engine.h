@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec_table.h"   /* struct re_codec: the codec interface */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -30,93 +32,6 @@ enum re_status {
     RE_E_CODEC = -6,    /* the codec refused this rank's own values */
     RE_E_SYS = -7,      /* poll() failed */
 };
-
-/*
- * A codec behind one interface. The engine calls encode/decode in the codec transport, and
- * reconstruct (= decode(encode(x)) + 0.0, fixed points of the codec) to build a tagged wire without
- * scaling. scaled: the codec's wire is wire format v2 (codecs_c/blockscale_codec.h at
- * error_bound), built from INCEPTIONN's reconstruction; only that codec has the trait. Unscaled in
- * the codec transport, a chunk's payload is the codec's stream of its values themselves.
- * sum_encoded (may be NULL): the codec adds in the encoded domain (THC). The codec transport then
- * sums without decoding: a hop encodes its own values and adds that stream to the received
- * partial sum (a: received, b: this rank's own), the owner decodes once and the sum's stream
- * travels on; decode gives the SUM of a stream's contributions, and count_encoded checks a received
- * stream (for n values, this call's parameters) and says how many contributions it sums.
- * encode_sum (may be NULL; only with sum_encoded) does a hop's work in one pass: this rank's values
- * x[0..n) encoded and, when a is not NULL, added to the received stream a (checked as
- * sum_encoded checks it), without building x's own stream; lost (may be NULL) gets
- * x - decode(x's own stream), error feedback's residual. Returns the bytes written to out. The
- * engine uses it instead of encode + decode + sum_encoded where a codec has it.
- * release (may be NULL): frees what the codec's state allocated during a call (scratch); the
- * engine calls it when re_allreduce returns. docs/collectives.md, "The ring engine".
- */
-struct re_codec {
-    const char *name;
-    int scaled;
-    int error_bound;
-    void *state;
-    size_t (*max_encoded_size)(const struct re_codec *c, size_t n);
-    ptrdiff_t (*encode)(const struct re_codec *c, const float *x, size_t n, uint8_t *out, size_t cap);
-    int (*decode)(const struct re_codec *c, const uint8_t *in, size_t len, float *out, size_t n);
-    void (*reconstruct)(const struct re_codec *c, const float *x, size_t n, float *out);
-    ptrdiff_t (*sum_encoded)(const struct re_codec *c, const uint8_t *a, size_t alen, const uint8_t *b,
-                             size_t blen, size_t n, uint8_t *out, size_t cap);
-    int (*count_encoded)(const struct re_codec *c, const uint8_t *in, size_t len, size_t n, uint32_t *count);
-    const char *(*strerror)(int status);
-    ptrdiff_t (*encode_sum)(const struct re_codec *c, const float *x, size_t n, const uint8_t *a, size_t alen,
-                            float *lost, uint8_t *out, size_t cap);
-    void (*release)(const struct re_codec *c);
-};
-
-/* The INCEPTIONN codec at error bound k (INC_MIN_ERROR_BOUND..INC_MAX_ERROR_BOUND), scaled. */
-void re_codec_inceptionn(struct re_codec *c, int k);
-
-/*
- * THC (codecs_c/thc_codec.h) for one call, summed in the encoded domain (collective/ring_codecs.c).
- * Every rank holds the same bits, granularity, table, t_p, agreed norm and rotation seed; a
- * block of n values is quantized on the range M = t_p * norm / sqrt(d), d its padded length
- * (thc.py range_for). noise_seed is this rank's own: encode k of the call rounds with
- * thc_random_word(noise_seed, k) (encodes counts them). ranks: the most contributions a stream
- * sums (sizes the frames). The fields after encodes are the adapter's scratch (zero: none yet),
- * reused by every encode and decode of a call and freed by re_thc_release, which re_allreduce
- * calls when it returns (the codec's release): a caller that zero-initialises the struct and uses
- * it only through re_allreduce has nothing to free.
- */
-struct re_thc {
-    int bits, granularity, ranks;
-    uint8_t table[256];
-    double t_p, norm;
-    uint64_t rot_seed, noise_seed, encodes;
-    float *work;        /* scratch: work_dim floats */
-    uint8_t *index;     /* scratch: work_dim table indices */
-    size_t work_dim;
-};
-
-void re_codec_thc(struct re_codec *c, struct re_thc *s);
-
-/* Frees the scratch of s (idempotent; the other fields are left as they are). */
-void re_thc_release(struct re_thc *s);
-
-/* 3LC (codecs_c/threelc_codec.h) with sparsity multiplier s and zero-run encoding on or off
- * (collective/ring_codecs.c): stateless, the same stream as threelc.py's C path. */
-struct re_tlc {
-    float sparsity;
-    int zre;
-};
-
-void re_codec_threelc(struct re_codec *c, struct re_tlc *s);
-
-/* TernGrad (codecs_c/terngrad_codec.h): clip, the agreed scaler (negative: none), packing, and the
- * random stream's seed and position, which every encode advances by tg_draws(n) (the caller reads
- * draw back after the call; collective/ring_codecs.c). */
-struct re_tg {
-    double clip;
-    float shared;
-    int packing;
-    uint64_t seed, draw;
-};
-
-void re_codec_terngrad(struct re_codec *c, struct re_tg *s);
 
 /*
  * How a chunk travels (a table of operations; the caller tags the sockets to match):

@@ -27,7 +27,7 @@ ffibuilder.set_source(
     sources=[rel(HERE, s) for s in ("nicd_packet.c", "nicd_flows.c", "nicd_pmtu.c", "nicd_conntrack.c", "nicd_queue.c",
                                     "nicd_egress.c", "nicd_ingress.c", "nicd_handshake.c", "nicd_gso.c")]
     + [rel(CODECS, s) for s in ("inceptionn_codec.c", "inceptionn_codec_avx2.c")],
-    include_dirs=[rel(HERE), rel(CODECS)],
+    include_dirs=[rel(HERE), rel(CODECS), rel(ROOT, "inceptionn")],   # the codec includes inceptionn_contract.h
     libraries=["netfilter_queue", "nfnetlink", "pthread"],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-fno-strict-aliasing", "-ffp-contract=off"],  # as the codecs
     # NICD_PROFILE=1 in the build's environment: the queue threads time their phases (docs/perf.md)

@@ -71,7 +71,7 @@ from ..errors import UserError
 from ..shim import contract
 from .config import NicdConfig
 
-# + "-<queue_base>" per instance (shim/inceptionn_contract.h); "-" keeps it unquoted in
+# + "-<queue_base>" per instance (inceptionn/inceptionn_contract.h); "-" keeps it unquoted in
 # `iptables -S`, which list_ours and the status probe of shim/mpirun.py read.
 COMMENT = contract.RULE_COMMENT
 FAILCLOSED_COMMENT = contract.FAILCLOSED_COMMENT  # the persistent drops, all instances

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
+from ..limits import DEFAULT_ERROR_BOUND, ERROR_BOUND_MAX, ERROR_BOUND_MIN
 from ..shim import contract
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,7 +34,7 @@ SETTINGS = (
             "BYTE", stats=True, c_field="tos_hello"),
     Setting("codec", "inceptionn", "choice", "the codec; inceptionn is the one that works per packet", choices=CODECS,
             stats=True),
-    Setting("error_bound", -10, "int", f"error bound 2^K, K from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX}", "K",
+    Setting("error_bound", DEFAULT_ERROR_BOUND, "int", f"error bound 2^K, K from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX}", "K",
             ERROR_BOUND_MIN, ERROR_BOUND_MAX, reload=True, stats=True, c_field="error_bound"),
     Setting("queues", 1, "int", "queue pairs, one thread each; the rules spread flows over them by a hash of "
             "addresses and ports (one host pair's flows too; each flow keeps to one queue)", "N", 1, 64, stats=True),
@@ -48,7 +48,7 @@ SETTINGS = (
     Setting("flow_owner_cap", 4096, "int", "negotiated flows one owner may hold at once (the local user whose "
             "socket opened them, else the peer host that did); past it new flows stay raw", "FLOWS", 1, 1 << 24),
     Setting("log_level", "info", "choice", "what the daemon logs", choices=LOG_LEVELS, reload=True),
-    Setting("socket", "/run/inceptionn/nicd.sock", "path", "stats socket", "PATH"),
+    Setting("socket", contract.NICD_SOCKET, "path", "stats socket", "PATH"),
     Setting("accept_only", False, "switch", "diagnostic: queue tagged packets both ways and accept them "
             "unchanged (measures the queue's own cost; compresses nothing)", c_field="accept_only"),
     Setting("gso", "auto", "gso", "fast path: take TSO/GSO super-packets (up to 64 KB) on egress and send each "

@@ -2,9 +2,9 @@
 jobs, the codec itself), kept in one place so they accept and say the same."""
 from __future__ import annotations
 
-# Error-bound exponents k of the INCEPTIONN codec (the bound is 2^k). The C codec's own limits,
-# INC_MIN/MAX_ERROR_BOUND in codecs_c/inceptionn_codec.h; tests/test_cli.py checks they agree.
-ERROR_BOUND_MIN, ERROR_BOUND_MAX = -30, -1
+# Error-bound exponents k of the INCEPTIONN codec (the bound is 2^k) and their default, from
+# inceptionn/inceptionn_contract.h, which the C codec includes too.
+from .shim.contract import DEFAULT_ERROR_BOUND, ERROR_BOUND_MAX, ERROR_BOUND_MIN  # noqa: E402, F401
 
 
 def error_bound_problem(k) -> str | None:

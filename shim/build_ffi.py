@@ -9,15 +9,16 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-HEADERS = ("inceptionn_contract", "tag_policy")
+CONTRACT = os.path.join(ROOT, "inceptionn")     # inceptionn_contract.h, the facts every part shares
+HEADERS = ((CONTRACT, "inceptionn_contract"), (HERE, "tag_policy"))
 
 ffibuilder = FFI()
-ffibuilder.cdef("\n".join(open(os.path.join(HERE, f"{h}.cdef")).read() for h in HEADERS))
+ffibuilder.cdef("\n".join(open(os.path.join(d, f"{h}.cdef")).read() for d, h in HEADERS))
 ffibuilder.set_source(
     "inceptionn.shim._policy",
-    "\n".join(f'#include "{h}.h"' for h in HEADERS),
+    "\n".join(f'#include "{h}.h"' for _, h in HEADERS),
     sources=[os.path.relpath(os.path.join(HERE, "tag_policy.c"), ROOT)],
-    include_dirs=[os.path.relpath(HERE, ROOT)],
+    include_dirs=[os.path.relpath(HERE, ROOT), os.path.relpath(CONTRACT, ROOT)],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
 )
 

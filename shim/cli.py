@@ -65,7 +65,7 @@ def register(sub) -> None:
     e.add_argument("--allreduce-mode", default="auto", metavar="M",
                    help="nic (the soft NICs compress), app (the codec in the ranks) or auto "
                         "(default: nic when the soft NIC runs on this host, which is all that is checked)")
-    e.add_argument("--allreduce-codec", default="inceptionn", metavar="NAME",
+    e.add_argument("--allreduce-codec", metavar="NAME",
                    help="inceptionn (default), or thc, 3lc or terngrad (app mode only), at the Python codecs' "
                         "defaults; fft runs through the Python API only")
     e.add_argument("--allreduce-min-count", default=str(DEFAULT_MIN_COUNT), metavar="N",

@@ -1,4 +1,5 @@
-"""The tagging contract as Python sees it: the values of shim/inceptionn_contract.h, read through
+"""The tagging contract and the other facts every part shares as Python sees them: the values of
+inceptionn/inceptionn_contract.h, read through
 the cffi binding built from that header (the C code includes the same file), so there is one
 definition of each.
 
@@ -11,6 +12,9 @@ TOS_HELLO        0x30  on SYN / SYN-ACK: "soft NIC here" (DSCP 12)
 RULE_COMMENT           the soft NIC's queue rules: RULE_COMMENT + "-<queue base>"
 FAILCLOSED_COMMENT     its persistent drops of compressed packets
 QUEUE_BASE       7100  the first NFQUEUE number of a daemon
+ERROR_BOUND_MIN, ERROR_BOUND_MAX, DEFAULT_ERROR_BOUND   -30, -1, -10: the INCEPTIONN codec's
+                       error-bound exponents k (bound 2^k), their default (inceptionn.limits)
+NICD_SOCKET            the soft NIC's stats socket
 """
 from __future__ import annotations
 
@@ -23,3 +27,7 @@ TOS_HELLO: int = lib.INCEPTIONN_TOS_HELLO
 RULE_COMMENT: str = ffi.string(lib.INCEPTIONN_RULE_COMMENT).decode()
 FAILCLOSED_COMMENT: str = ffi.string(lib.INCEPTIONN_FAILCLOSED_COMMENT).decode()
 QUEUE_BASE: int = lib.INCEPTIONN_QUEUE_BASE
+ERROR_BOUND_MIN: int = lib.INCEPTIONN_ERROR_BOUND_MIN
+ERROR_BOUND_MAX: int = lib.INCEPTIONN_ERROR_BOUND_MAX
+DEFAULT_ERROR_BOUND: int = lib.INCEPTIONN_DEFAULT_ERROR_BOUND
+NICD_SOCKET: str = ffi.string(lib.INCEPTIONN_NICD_SOCKET).decode()

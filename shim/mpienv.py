@@ -9,12 +9,15 @@ in one line, to run in a program of the other kind (collective/pmpi_abi.c).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 
+from inceptionn import limits
 from inceptionn.errors import UserError
 
 from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
@@ -27,11 +30,25 @@ BUILT_WITH = {"openmpi": "OpenMPI's mpicc.openmpi or mpicc (libopenmpi-dev)",
               "mpich": "MPICH's mpicc.mpich (libmpich-dev)"}
 FAMILY_NAME = {"openmpi": "OpenMPI", "mpich": "the MPICH ABI"}
 MODES = ("auto", "nic", "app")
-# the codecs the library runs (collective/pmpi_allreduce.c CODECS), by their get_codec names
-CODECS = ("inceptionn", "thc", "3lc", "terngrad")
-DEFAULT_CODEC = "inceptionn"
+
+
+@functools.cache
+def codecs() -> tuple[str, ...]:
+    """The codecs the library runs, the first its default: the codec table's
+    (codecs_c/codec_table.h) with a ring codec in C, as collective/pmpi_allreduce.c reads it.
+    Imported here, so that --help imports nothing heavy."""
+    from inceptionn.codecs import table
+    return tuple(n for n in table.names() if table.traits(n)["c_app"])
+
+
+@functools.cache
+def nic_codecs() -> tuple[str, ...]:
+    """Those the soft NIC runs."""
+    from inceptionn.codecs import table
+    return tuple(n for n in codecs() if table.traits(n)["c_nic"])
+
 DEFAULT_MIN_COUNT = 65536            # collective/pmpi_allreduce.h INC_MPI_DEFAULT_MIN_COUNT
-DEFAULT_ERROR_BOUND = -10            # nicd's default --error-bound
+DEFAULT_ERROR_BOUND = limits.DEFAULT_ERROR_BOUND   # nicd's default --error-bound
 
 # sonames: OpenMPI 3-5 keep libmpi.so.40; the MPICH ABI is libmpi.so.12 / libmpich*.so.12
 _SONAMES = ((re.compile(r"libmpi\.so\.40$"), "openmpi"), (re.compile(r"lib(mpi|mpich\w*)\.so\.12$"), "mpich"))
@@ -48,7 +65,7 @@ class Allreduce:
     error_feedback: bool | None = None   # None: the codec's wants_error_feedback (inceptionn's measured:
                                          # docs/collectives.md, "Error feedback's default, measured")
     nicd_socket: str | None = None     # nic mode: the soft NIC's stats socket (%h: the host's name)
-    codec: str = DEFAULT_CODEC
+    codec: str | None = None           # None: the library's default (codecs()[0])
 
 
 def check_mode(v: str) -> str:
@@ -57,12 +74,17 @@ def check_mode(v: str) -> str:
     return v
 
 
-def check_codec(v: str) -> str:
-    if v == "fft":
-        raise UserError("--allreduce-codec fft: the FFT codec runs through the Python API only (collective.Group, "
-                        f"the DDP hook), not in the MPI library; use {', '.join(CODECS[:-1])} or {CODECS[-1]}")
-    if v not in CODECS:
-        raise UserError(f"bad --allreduce-codec {v!r}: use {', '.join(CODECS[:-1])} or {CODECS[-1]}")
+def check_codec(v: str | None) -> str:
+    """A codec the library runs (None: its default)."""
+    from inceptionn.codecs import table
+    names = codecs()
+    if v is None:
+        return names[0]
+    if v in table.names() and v not in names:
+        raise UserError(f"--allreduce-codec {v}: the {v} codec runs through the Python API only (collective.Group, "
+                        f"the DDP hook), not in the MPI library; use {', '.join(names[:-1])} or {names[-1]}")
+    if v not in names:
+        raise UserError(f"bad --allreduce-codec {v!r}: use {', '.join(names[:-1])} or {names[-1]}")
     return v
 
 
@@ -170,12 +192,13 @@ def allreduce_env(a: Allreduce, family: str, nic_running: bool, iface: str | Non
                   log: bool) -> tuple[dict, dict[str, str]]:
     """The MPI_Allreduce library's settings (for reports) and the variables that carry them to
     the ranks; ``nic_running``: whether the soft NIC runs on every host checked (mode auto)."""
-    if a.mode == "nic" and a.codec != "inceptionn":
-        raise UserError(f"--allreduce-mode nic runs only the inceptionn codec (the soft NIC's): --allreduce-codec "
+    a = dataclasses.replace(a, codec=check_codec(a.codec))
+    if a.mode == "nic" and a.codec not in nic_codecs():
+        raise UserError(f"--allreduce-mode nic runs only the {' or '.join(nic_codecs())} codec (the soft NIC's): --allreduce-codec "
                         f"{a.codec} needs --allreduce-mode app (or auto)")
     lib = library(family)
     # auto: nic only where the soft NICs can run the codec
-    mode = a.mode if a.mode != "auto" else ("nic" if nic_running and a.codec == "inceptionn" else "app")
+    mode = a.mode if a.mode != "auto" else ("nic" if nic_running and a.codec in nic_codecs() else "app")
     feedback = error_feedback_default(a.codec) if a.error_feedback is None else a.error_feedback
     env = {"INCEPTIONN_MPI_MODE": mode, "INCEPTIONN_MPI_CODEC": a.codec, "INCEPTIONN_MPI_MIN_COUNT": str(a.min_count),
            "INCEPTIONN_MPI_ERROR_BOUND": str(a.error_bound)}
@@ -247,7 +270,7 @@ def run_env(args) -> int:
                   check_codec(args.allreduce_codec))
     iface = check_iface(args.iface) if args.iface else None
     nic = False
-    if a.mode == "auto" and a.codec == "inceptionn":   # only this host can be checked; the job's hosts may differ
+    if a.mode == "auto" and a.codec in nic_codecs():   # only this host can be checked; the job's hosts may differ
         from .mpirun import nic_status
         nic = nic_status()["running"]
     settings, env = allreduce_env(a, family, nic, iface, args.log)
@@ -257,8 +280,8 @@ def run_env(args) -> int:
     if args.json:
         print(json.dumps({"mpi": family, "allreduce": settings, "env": env}, indent=2))
         return 0
-    if a.mode == "auto" and a.codec != "inceptionn":
-        print(f"inceptionn env: {FAMILY_NAME[family]}, mode app (auto: the soft NIC runs only the inceptionn codec, "
+    if a.mode == "auto" and a.codec not in nic_codecs():
+        print(f"inceptionn env: {FAMILY_NAME[family]}, mode app (auto: the soft NIC runs only the {' or '.join(nic_codecs())} codec, "
               f"{a.codec} runs in the ranks)", file=sys.stderr)
     elif a.mode == "auto":
         print(f"inceptionn env: {FAMILY_NAME[family]}, mode {settings['mode']} (auto: the soft NIC "

@@ -149,7 +149,7 @@ class Options:
     allreduce_error_bound: int = DEFAULT_ERROR_BOUND
     allreduce_error_feedback: bool | None = None    # None: the codec's default
     allreduce_nicd_socket: str | None = None
-    allreduce_codec: str = mpienv.DEFAULT_CODEC
+    allreduce_codec: str | None = None       # None: the library's default
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -518,7 +518,8 @@ def report_lines(p: Plan) -> list[str]:
     what = f"tag policy {p.policy.canonical}" if p.policy else "no tag policy"
     if p.allreduce:
         a = p.allreduce
-        codec = f"error bound 2^{a['error_bound']}" if a["codec"] == "inceptionn" else f"codec {a['codec']}"
+        from inceptionn.codecs import codec_class   # a codec that runs at the error bound: the bound
+        codec = f"error bound 2^{a['error_bound']}" if codec_class(a["codec"]).wants_scaling else f"codec {a['codec']}"
         what += (f"; MPI_Allreduce compressed (mode {a['mode']}, float32 sums of >= {a['min_count']} values, "
                  f"{codec}{', error feedback' if a['error_feedback'] else ''})")
     if p.allreduce and p.allreduce["choose"] != "auto":

@@ -197,7 +197,7 @@ def test_c_and_numpy_bit_identical(n, params):
 @pytest.mark.parametrize("params", [dict(), dict(bits=2, table="uniform"), dict(bits=8, granularity=255,
                                                                              table="uniform")])
 def test_ring_fast_path_writes_what_encode_sum_and_decode_write(n, params):
-    """The ring's one-pass hop (collective/ring_codecs.c): thc_rotate_unscaled + thc_quantize +
+    """The ring's one-pass hop (codecs_c/thc_codec.c, "in the ring"): thc_rotate_unscaled + thc_quantize +
     thc_pack_indices write thc_encode's blob; thc_add_indices writes thc_sum's bytes of a received
     blob plus those indices; thc_decode_rotated_sum is the rotated mean times the count, and
     thc_unrotate the first n values of thc_irht; the rounding residual left by thc_quantize, inverse-

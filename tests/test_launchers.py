@@ -126,7 +126,7 @@ def test_env_mistakes_are_one_line(progs, tmp_path):
                           "--allreduce-mode nic runs only the inceptionn codec (the soft NIC's): --allreduce-codec thc "
                           "needs --allreduce-mode app")
     assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-codec", "fft"),
-                          "--allreduce-codec fft: the FFT codec runs through the Python API only")
+                          "--allreduce-codec fft: the fft codec runs through the Python API only")
     assert_one_line_error(run_cli("env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-codec", "zip"),
                           "bad --allreduce-codec 'zip': use inceptionn, thc, 3lc or terngrad")
     # a program of a third MPI ABI (here a stand-in libmpi.so.20): named, and refused

@@ -124,7 +124,7 @@ def test_library_defaults_and_refusals(prog, tmp_path):  # noqa: F811
                          "error: INCEPTIONN_MPI_MODE nic runs only the inceptionn codec (the soft NIC's); "
                          "INCEPTIONN_MPI_CODEC thc needs INCEPTIONN_MPI_MODE app"),
                         ({"INCEPTIONN_MPI_CODEC": "fft"},
-                         "error: INCEPTIONN_MPI_CODEC fft: the FFT codec runs through the Python API only"),
+                         "error: INCEPTIONN_MPI_CODEC fft: the fft codec runs through the Python API only"),
                         ({"INCEPTIONN_MPI_CODEC": "zip"},
                          "error: bad INCEPTIONN_MPI_CODEC 'zip': use inceptionn, thc, 3lc or terngrad")):
         r = subprocess.run([prog, str(tmp_path), "2000"], env={**base, **env}, capture_output=True, text=True,
@@ -133,7 +133,7 @@ def test_library_defaults_and_refusals(prog, tmp_path):  # noqa: F811
     for args, needle in ((["--allreduce-codec", "thc", "--allreduce-mode", "nic"],
                           "--allreduce-mode nic runs only the inceptionn codec (the soft NIC's): --allreduce-codec thc "
                           "needs --allreduce-mode app"),
-                         (["--allreduce-codec", "fft"], "--allreduce-codec fft: the FFT codec runs through the Python "
+                         (["--allreduce-codec", "fft"], "--allreduce-codec fft: the fft codec runs through the Python "
                                                          "API only (collective.Group, the DDP hook)"),
                          (["--allreduce-codec", "zip"], "bad --allreduce-codec 'zip': use inceptionn, thc, 3lc or "
                                                          "terngrad")):

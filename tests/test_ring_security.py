@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from c_sources import codec_sources
 from cli_helpers import CLI, run_cli
 from netns_helpers import wait_until
 from inceptionn.kernel_tc import testbed
@@ -70,7 +71,7 @@ def test_handshake_under_asan_beside_hostile_connections(tmp_path):
     trickled one on both listeners; with different secrets both fail before the deadline."""
     exe = tmp_path / "ring_handshake_asan"
     subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
-                    "-fno-sanitize-recover=all", "-pthread", *(f"-I{ROOT / d}" for d in ("collective", "codecs_c", "shim")),
+                    "-fno-sanitize-recover=all", "-pthread", *(f"-I{ROOT / d}" for d in ("collective", "codecs_c", "shim", "inceptionn")),
                     str(PROGS / "ring_handshake_asan.c"), str(ROOT / "collective" / "ring_handshake.c"),
                     "-lcrypto", "-o", str(exe)], check=True)
     r = subprocess.run([exe], capture_output=True, text=True, timeout=60)
@@ -94,11 +95,9 @@ def test_ring_engine_under_asan_beside_hostile_neighbours(tmp_path):
     codecs = ROOT / "codecs_c"
     subprocess.run(["gcc", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
                     "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-pthread",
-                    *(f"-I{p}" for p in (ROOT / "collective", codecs, codecs / "tests")),
+                    *(f"-I{p}" for p in (ROOT / "collective", codecs, codecs / "tests", ROOT / "inceptionn")),
                     str(PROGS / "ring_engine_asan.c"), str(ROOT / "collective" / "ring_engine.c"),
-                    str(ROOT / "collective" / "ring_codecs.c"),
-                    *(str(codecs / f) for f in ("blockscale_codec.c", "inceptionn_codec.c", "inceptionn_codec_avx2.c",
-                                                "thc_codec.c", "threelc_codec.c", "terngrad_codec.c")),
+                    *(str(ROOT / f) for f in codec_sources()),
                     "-lm", "-o", str(exe)], check=True)
     r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
     print("\n" + r.stdout)

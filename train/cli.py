@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
+from ..limits import DEFAULT_ERROR_BOUND, ERROR_BOUND_MAX, ERROR_BOUND_MIN
 
 DESCRIPTION = """Train the paper's HDC model (5 fully connected layers, width 500; SGD lr 0.1,
 momentum 0.9, weight decay 5e-5, batch 25 per worker unless --batch) data-parallel on a testbed of --hosts
@@ -39,9 +39,9 @@ def add_training_arguments(p, *, epochs_default: int | None, hosts_default: int 
     p.add_argument("--data", metavar="PATH",
                    help="MNIST as an IDX directory or images file (gzip or not) or an .npz with x and y "
                    "(default: scikit-learn's digits, shipped with the package); a single set is split 80/20, seeded")
-    p.add_argument("--error-bound", type=int, default=-10, metavar="K",
+    p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND, metavar="K",
                    help=f"INCEPTIONN codec error bound 2^K for compressed runs, K from {ERROR_BOUND_MIN} to "
-                   f"{ERROR_BOUND_MAX} (default -10)")
+                   f"{ERROR_BOUND_MAX} (default {DEFAULT_ERROR_BOUND})")
     if switches:
         add_switches(p)
     p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1, the paper's)")

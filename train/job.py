@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import UserError
-from ..limits import error_bound_problem
+from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
 from ..procs import cpu_seconds, stop
 from .worker import Diverged
 
@@ -56,7 +56,7 @@ class TrainConfig:
 
     algo: str = "inc"
     compress: str = "none"
-    error_bound: int = -10
+    error_bound: int = DEFAULT_ERROR_BOUND
     scaling: bool | None = None        # None: the collective's default (on where it helps)
     error_feedback: bool | None = None
     epochs: int = 1

@@ -1,5 +1,5 @@
 /* THC's homomorphic ring in the ring engine, timed without Python: N ranks as threads over socket
- * pairs (collective/ring_engine.c + ring_codecs.c), n values per rank, one chunk per block as
+ * pairs (collective/ring_engine.c + the codecs in the ring, codecs_c/codec_table.h), n values per rank, one chunk per block as
  * Group runs it, error feedback on. Per call and rank it prints the thread CPU seconds of the whole
  * call and the engine's codec + sum seconds (struct re_stats; built with
  * -DRE_STATS_CLOCK=CLOCK_THREAD_CPUTIME_ID they are thread CPU time too), the median over ranks and

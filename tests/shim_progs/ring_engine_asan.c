@@ -7,7 +7,7 @@
  * rounding). Then a rank whose left neighbour is hostile: a bad exponent, a value out of its
  * block's range, a frame longer than its chunk, a corrupt codec stream, a closed connection and
  * silence each fail the call with the status they must, reading nothing past what was expected.
- * THC (collective/ring_codecs.c), summed without decoding: rings of 2..5 with bit-identical ranks,
+ * THC (codecs_c/thc_codec.c, in the ring), summed without decoding: rings of 2..5 with bit-identical ranks,
  * an NMSE bound and error feedback's residuals; and a left neighbour sending a partial sum of the
  * wrong count, with a value above its count's range, of another rotation, cut short or with
  * bytes after it, each failing the call with RE_E_DATA.
@@ -19,9 +19,11 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "inceptionn_codec.h"
 #include "ring_engine.h"
 #include "terngrad_codec.h"
 #include "thc_codec.h"
+#include "threelc_codec.h"
 
 #define MAXR 5
 
@@ -379,7 +381,7 @@ static void thc_hostile_peers(void)
     CHECK(thc_hostile(idx, sizeof idx, 0xFFFFFF) == RE_E_DATA, "thc: a frame longer than a block accepted");
 }
 
-/* 3LC and TernGrad (collective/ring_codecs.c) in the codec transport: decoded, added, re-encoded
+/* 3LC and TernGrad (codecs_c/threelc_codec.c, terngrad_codec.c) in the codec transport: decoded, added, re-encoded
  * per hop, one chunk per block as Group runs it; ranks bit-identical, error feedback's residuals
  * add up; a corrupt stream fails the call. Each rank its own codec state (TernGrad's encodes move
  * its random stream on). */

@@ -1,8 +1,10 @@
-/* The tagging contract between a program, the tagging shim and the soft NIC, defined once: the
- * marks (ToS bytes) on the wire, the comments on the soft NIC's netfilter rules and its default
- * queue numbers. The C code includes this header; Python reads the same values through the cffi
- * binding (inceptionn.shim.contract), so the two cannot disagree. docs/wire-format.md says what
- * each mark means on the wire; the daemon's config can move them, these are the defaults. */
+/* The facts every part shares, defined once: the tagging contract between a program, the tagging
+ * shim and the soft NIC (the marks, ToS bytes, on the wire, the comments on the soft NIC's
+ * netfilter rules and its default queue numbers), the INCEPTIONN codec's error-bound range and
+ * default, and the soft NIC's stats socket. The C code includes this header; Python reads the same
+ * values through the cffi binding (inceptionn.shim.contract; inceptionn.limits for the bound), so
+ * the two cannot disagree. docs/wire-format.md says what each mark means on the wire; the
+ * daemon's config can move them, these are the defaults. */
 #ifndef INCEPTIONN_CONTRACT_H
 #define INCEPTIONN_CONTRACT_H
 
@@ -25,5 +27,15 @@
 
 /* The first NFQUEUE number: egress queues from here, ingress queues after them. */
 #define INCEPTIONN_QUEUE_BASE 7100
+
+/* Error-bound exponents k of the INCEPTIONN codec (the bound is 2^k), and the default of every
+ * entry point that takes one (nicd, the MPI library, training jobs, benchmarks, the codec). */
+#define INCEPTIONN_ERROR_BOUND_MIN (-30)
+#define INCEPTIONN_ERROR_BOUND_MAX (-1)
+#define INCEPTIONN_DEFAULT_ERROR_BOUND (-10)
+
+/* The soft NIC's stats socket (nicd --socket, and where its clients look: inceptionn stats, the
+ * MPI library in nic mode). */
+#define INCEPTIONN_NICD_SOCKET "/run/inceptionn/nicd.sock"
 
 #endif
