@@ -234,6 +234,9 @@ void nicd_finish_merged(uint8_t *a, size_t len);
 #define NICD_OPT_LEN 16
 #define NICD_OPT_EXID 0x494E
 #define NICD_NONCE_LEN 6
+/* Bit 0 of byte 8 (whose low two bits, ECN's, are never put back): "I restore v3 segment trains".
+ * A soft NIC from before v3 writes 0 and ignores it, so old and new agree on everything else. */
+#define NICD_OPT_TRAINS 0x01
 enum { NICD_ROLE_HELLO = 1, NICD_ROLE_ANSWER = 2 };
 
 struct nicd_hello_opt {
