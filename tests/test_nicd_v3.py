@@ -39,19 +39,21 @@ def gro_on(host):
     host.run(["ethtool", "-K", "eth0", "gro", "on"], check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("mtu", [1500, 9000])
-def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu):
+@pytest.mark.parametrize("mtu,family", [(1500, 4), (9000, 4), (1500, 6)])
+def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu, family):
     """A 2 MiB tagged stream through two --trains daemons: what arrives is the codec's
     roundtrip (raw only where TCP re-cut a piece too short to shrink), the sender's super-packets
     left as trains in their verdicts, the receiver restored merged trains, nothing dropped."""
     want = recon(small, -10).tobytes()
-    with make_testbed(mtu=mtu) as tb:
+    with make_testbed(mtu=mtu, ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
         gro_on(h2)
-        add_counting_rule(h2, "data", "-s", h1.ip, "-p", "tcp", "-m", "length", "--length", "100:65535")
-        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", "--trains", tag="v3")
-        packets = rule_counts(h2, "data")[0]
-    assert_restored_or_raw(got, small.tobytes(), want, raw, f"v3, MTU {mtu}")
+        src = h1.ip6 if family == 6 else h1.ip
+        add_counting_rule(h2, "data", "-s", src, "-p", "tcp", "-m", "length", "--length", "100:65535", family=family)
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", "--trains", tag="v3",
+                                         family=family)
+        packets = rule_counts(h2, "data", family=family)[0]
+    assert_restored_or_raw(got, small.tobytes(), want, raw, f"v3, MTU {mtu}, IPv{family}")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["egress_trains"] > 0 and c1["egress_orig_bytes"] > 0.9 * small.nbytes, c1
     # every segment of a train restored (the rest: lone segments, not GSO skbs, sent as v2)
@@ -64,7 +66,7 @@ def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu):
     # GRO merged the segments of a train: fewer packets reached the receiver's queue than the
     # sender's kernel cut
     assert c2["ingress_restored"] < c2["ingress_train_segments"], c2
-    print(f"MTU {mtu}: {c1['egress_trains']} trains, {c1['egress_compressed']} segments, "
+    print(f"MTU {mtu} IPv{family}: {c1['egress_trains']} trains, {c1['egress_compressed']} segments, "
           f"{c2['ingress_restored']} restored packets, {packets} data packets on the wire")
 
 
