@@ -224,6 +224,18 @@ int send_one(struct ctx *cx, uint8_t *buf, size_t len, const struct nicd_pkt *p,
     return sendmsg(p->v6 ? cx->raw6_fd : cx->raw_fd, &mh, 0) < 0 ? -1 : 0;
 }
 
+/* A super-packet that did not compress (nicd_compress_gso's or nicd_compress_train's result r)
+ * leaves unchanged: the kernel segments it after the hook, as it would without us. */
+static void leave_raw(uint32_t id, const struct nicd_pkt *p, ptrdiff_t r, struct ctx *cx)
+{
+    if (r == NICD_TOO_SHORT)
+        COUNT(cx, EGRESS_RAW_SHORT, 1);
+    else
+        COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
+    COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+    verdict(id, NF_ACCEPT, NULL, 0, cx);
+}
+
 /* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
 static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn, size_t mtu, int *nsegs,
                          uint64_t *tiers)
@@ -247,12 +259,7 @@ void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
     ptrdiff_t r = cut_gso(cx, p, isn, mtu, &nsegs, tiers);
     PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) {
-        if (r == NICD_TOO_SHORT)
-            COUNT(cx, EGRESS_RAW_SHORT, 1);
-        else
-            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
-        COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
-        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        leave_raw(id, p, r, cx);
         return;
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
@@ -303,13 +310,12 @@ void egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gs
                                       OUT(cx), sizeof OUT(cx), &nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream,
                                       sizeof cx->stream, tiers);
     PROF_END(cx, COMPRESS, tc);
-    if (r <= NICD_TOO_SHORT || (nsegs == 1 && !rc->view.known)) {
-        if (r > NICD_TOO_SHORT) /* NAT might take the raw socket's packet for another flow */
-            COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
-        else if (r == NICD_TOO_SHORT)
-            COUNT(cx, EGRESS_RAW_SHORT, 1);
-        else
-            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
+    if (r <= NICD_TOO_SHORT) {
+        leave_raw(id, p, r, cx);
+        return;
+    }
+    if (nsegs == 1 && !rc->view.known) { /* NAT might take the raw socket's packet for another flow */
+        COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
         COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         return;

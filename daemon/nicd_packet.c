@@ -470,13 +470,13 @@ struct cut {
 #define NICD_MAX_CUTS 128
 
 /* Greedy: each piece takes whole groups while its stream and raw ends fit `room` (the fewest
- * pieces for ranges in order); the first also carries `head`, the last `tail`. When what is left
- * needs exactly two pieces, they share it evenly: a last piece of a few floats could not shrink
- * below its shim header, and would leave the whole super-packet raw. Returns the number of
- * pieces (acc += the tiers of their groups, stream_tiers), or -1 when more than max_segs (or
+ * pieces for ranges in order); the first also carries `head`, the last `tail`. With `even`, when
+ * what is left needs exactly two pieces, they share it evenly: a last piece of a few floats could
+ * not shrink below its shim header, and would leave the whole super-packet raw. Returns the number
+ * of pieces (acc += the tiers of their groups, stream_tiers), or -1 when more than max_segs (or
  * NICD_MAX_CUTS) would be needed or a group does not fit. */
 static int plan_cuts(const uint8_t *stream, size_t slen, size_t n, size_t head, size_t tail, size_t room,
-                     int max_segs, struct cut *cuts, uint64_t *acc)
+                     int even, int max_segs, struct cut *cuts, uint64_t *acc)
 {
     size_t groups = (n + 7) / 8, g = 0, at = 0;
     int segs = 0;
@@ -486,7 +486,7 @@ static int plan_cuts(const uint8_t *stream, size_t slen, size_t n, size_t head, 
         size_t g0 = g, s0 = at, bytes = 0;
         size_t ends = (g0 == 0 ? head : 0) + tail; /* tail reserved: this may be the last */
         size_t left = slen - at + ends;
-        size_t half = left > room && left + 2 * INC_MAX_GROUP_BYTES <= 2 * room ? left / 2 : room;
+        size_t half = even && left > room && left + 2 * INC_MAX_GROUP_BYTES <= 2 * room ? left / 2 : room;
         while (g < groups) {
             size_t b = group_bytes(stream + at);
             if (bytes + b + ends > room || bytes + ends >= half)
@@ -515,6 +515,46 @@ static ptrdiff_t encode_super(const uint8_t *src, size_t n, int codec, int error
     if (*scale)
         nicd_scale(scratch, n, *scale);
     return inc_encode(scratch, n, error_bound, stream, stream_cap, INC_IMPL_AUTO);
+}
+
+/* What both cutters (gso's packets, v3's train segments) do first: p's payload split at the
+ * stream's float boundaries, encoded once, cut into pieces of at most `piece` bytes (a header of
+ * hdr bytes, raw ends and whole groups). `padded`: every piece but the last is padded to `piece`
+ * (v3), so the pieces are filled first and shared evenly only when the last would not shrink. Each piece must hold its header, both raw ends and one
+ * worst-case group, and the whole restore into one verdict (<= NICD_MAX_VERDICT bytes, <= 16384
+ * floats). NICD_OK with *segs pieces in pl, or NICD_TOO_SHORT, NICD_NOT_SMALLER, NICD_E_SPACE. */
+struct plan {
+    size_t head, n, tail;
+    int scale;
+    uint64_t acc; /* the tiers of the groups (stream_tiers) */
+    struct cut cuts[NICD_MAX_CUTS];
+};
+
+static int plan_super(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound, size_t piece,
+                      size_t hdr, int padded, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
+                      struct plan *pl, int *segs)
+{
+    if (!split_payload(p->payload_len, stream_off, &pl->head, &pl->n, &pl->tail))
+        return NICD_TOO_SHORT;
+    if (piece < hdr + 6 + INC_MAX_GROUP_BYTES || piece > NICD_MAX_VERDICT || p->len > NICD_MAX_VERDICT ||
+        pl->n > 16384 || stream_cap < inc_max_encoded_size(pl->n) || max_segs < 1)
+        return NICD_NOT_SMALLER;
+    ptrdiff_t slen = encode_super(p->ip + p->payload_off + pl->head, pl->n, codec, error_bound, scratch, stream,
+                                  stream_cap, &pl->scale);
+    if (slen < 0)
+        return NICD_E_SPACE;
+    pl->acc = 0;
+    *segs = plan_cuts(stream, (size_t)slen, pl->n, pl->head, pl->tail, piece - hdr, !padded, max_segs, pl->cuts,
+                      &pl->acc);
+    if (padded && *segs > 1) { /* full pieces first; the even split only if the last would not shrink */
+        const struct cut *last = &pl->cuts[*segs - 1];
+        if (hdr + last->bytes + pl->tail >= last->orig) {
+            pl->acc = 0;
+            *segs = plan_cuts(stream, (size_t)slen, pl->n, pl->head, pl->tail, piece - hdr, 1, max_segs, pl->cuts,
+                              &pl->acc);
+        }
+    }
+    return *segs < 0 ? NICD_NOT_SMALLER : NICD_OK;
 }
 
 /* One segment of nicd_compress_gso: the original's headers, then the shim header, `head` raw
@@ -564,27 +604,15 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
                                   int *nsegs, int max_segs, float *scratch, uint8_t *stream,
                                   size_t stream_cap, uint64_t *tiers)
 {
-    size_t plen = p->payload_len, head, n, tail;
-    if (!split_payload(plen, stream_off, &head, &n, &tail))
-        return NICD_TOO_SHORT;
-    /* Room for a shim header, both raw ends and one worst-case group in every packet, and each
-     * packet restorable into one verdict (<= NICD_MAX_VERDICT bytes, <= 16384 floats). */
-    if (mtu <= p->payload_off || mtu - p->payload_off < NICD_HDR_LEN + 6 + INC_MAX_GROUP_BYTES ||
-        p->len > NICD_MAX_VERDICT || n > 16384 || stream_cap < inc_max_encoded_size(n) || max_segs < 1)
-        return NICD_NOT_SMALLER;
-    size_t room = mtu - p->payload_off - NICD_HDR_LEN; /* stream + raw ends per packet */
-
+    struct plan pl;
+    int segs, r = plan_super(p, stream_off, codec, error_bound, mtu > p->payload_off ? mtu - p->payload_off : 0,
+                             NICD_HDR_LEN, 0, max_segs, scratch, stream, stream_cap, &pl, &segs);
+    if (r != NICD_OK)
+        return r;
     const uint8_t *src = p->ip + p->payload_off;
-    int scale;
-    ptrdiff_t slen = encode_super(src + head, n, codec, error_bound, scratch, stream, stream_cap, &scale);
-    if (slen < 0)
-        return NICD_E_SPACE;
-
-    struct cut cuts[NICD_MAX_CUTS];
-    uint64_t acc = 0;
-    int segs = plan_cuts(stream, (size_t)slen, n, head, tail, room, max_segs, cuts, &acc);
-    if (segs < 0)
-        return NICD_NOT_SMALLER;
+    size_t head = pl.head, n = pl.n, tail = pl.tail;
+    int scale = pl.scale;
+    const struct cut *cuts = pl.cuts;
     size_t used = 0;
     for (int i = 0; i < segs; i++) {
         const struct cut *k = &cuts[i];
@@ -601,7 +629,7 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
     }
     *nsegs = segs;
     if (tiers) /* counted only for a super-packet that leaves compressed */
-        add_tiers(acc, n, tiers);
+        add_tiers(pl.acc, n, tiers);
     return (ptrdiff_t)used;
 }
 
@@ -712,24 +740,14 @@ ptrdiff_t nicd_compress_train(const struct nicd_pkt *p, uint32_t stream_off, int
                               int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
                               uint64_t *tiers)
 {
-    size_t plen = p->payload_len, head, n, tail;
-    if (!split_payload(plen, stream_off, &head, &n, &tail))
-        return NICD_TOO_SHORT;
-    /* Room in every segment for its header, both raw ends and one worst-case group; the train
-     * restorable into one verdict (<= NICD_MAX_VERDICT bytes, <= 16384 floats). */
-    if (gso_size < NICD_V3_HDR_LEN + 6 + INC_MAX_GROUP_BYTES || gso_size > NICD_MAX_VERDICT ||
-        p->len > NICD_MAX_VERDICT || n > 16384 || stream_cap < inc_max_encoded_size(n) || max_segs < 1)
-        return NICD_NOT_SMALLER;
+    struct plan pl;
+    int segs, r = plan_super(p, stream_off, codec, error_bound, gso_size, NICD_V3_HDR_LEN, 1, max_segs, scratch,
+                             stream, stream_cap, &pl, &segs);
+    if (r != NICD_OK)
+        return r;
     const uint8_t *src = p->ip + p->payload_off;
-    int scale;
-    ptrdiff_t slen = encode_super(src + head, n, codec, error_bound, scratch, stream, stream_cap, &scale);
-    if (slen < 0)
-        return NICD_E_SPACE;
-    struct cut cuts[NICD_MAX_CUTS];
-    uint64_t acc = 0;
-    int segs = plan_cuts(stream, (size_t)slen, n, head, tail, gso_size - NICD_V3_HDR_LEN, max_segs, cuts, &acc);
-    if (segs < 0)
-        return NICD_NOT_SMALLER;
+    size_t head = pl.head, n = pl.n, tail = pl.tail;
+    const struct cut *cuts = pl.cuts;
     size_t used = p->payload_off;
     for (int i = 0; i < segs; i++) {
         const struct cut *k = &cuts[i];
@@ -742,7 +760,7 @@ ptrdiff_t nicd_compress_train(const struct nicd_pkt *p, uint32_t stream_off, int
         if (used + wlen > cap)
             return NICD_E_SPACE;
         v3_segment(out + used, wlen, src, first ? head : 0, stream + k->s0, k->bytes, k->nfloats,
-                   src + head + 4 * n, last ? tail : 0, echo, codec, scale, p->seq + (uint32_t)k->off);
+                   src + head + 4 * n, last ? tail : 0, echo, codec, pl.scale, p->seq + (uint32_t)k->off);
         used += wlen;
     }
     memcpy(out, p->ip, p->payload_off);
@@ -752,7 +770,7 @@ ptrdiff_t nicd_compress_train(const struct nicd_pkt *p, uint32_t stream_off, int
     finish_packet(out, used, tos);
     *nsegs = segs;
     if (tiers) /* counted only for a super-packet that leaves compressed */
-        add_tiers(acc, n, tiers);
+        add_tiers(pl.acc, n, tiers);
     return (ptrdiff_t)used;
 }
 
