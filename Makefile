@@ -8,7 +8,7 @@ CODEC_SRC := $(filter-out codecs_c/_%,$(wildcard codecs_c/*.c))
 CODEC_HDR := $(wildcard codecs_c/*.h) $(wildcard codecs_c/*.cdef)
 CODEC_UNIT_TESTS := $(patsubst codecs_c/tests/test_%.c,build/test_%_san,$(wildcard codecs_c/tests/test_*.c))
 FUZZ_TARGETS := $(patsubst codecs_c/fuzz/%.c,build/%,$(wildcard codecs_c/fuzz/fuzz_*.c)) build/fuzz_nicd_packet \
-	build/fuzz_tag_policy
+	build/fuzz_nicd_train build/fuzz_tag_policy
 DATAPATH_SRC := $(wildcard daemon/nicd_*.c daemon/nicd_*.h daemon/*.cdef)
 # The tagging shim: the preload library, the policy parser and the shared facts header
 # (inceptionn/inceptionn_contract.h, with .cdef).
@@ -102,6 +102,11 @@ build/fuzz_%: codecs_c/fuzz/fuzz_%.c $(CODEC_SRC) $(CODEC_HDR)
 
 # The soft NIC's packet transforms (they face the network): libFuzzer, ASan, UBSan.
 build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daemon/nicd_packet.h inceptionn/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
+	@mkdir -p build
+	clang $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
+
+# Wire format v3: the segment train parser and restore, and the train transform.
+build/fuzz_nicd_train: daemon/fuzz/fuzz_nicd_train.c daemon/nicd_packet.c daemon/nicd_packet.h shim/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 

@@ -149,26 +149,30 @@ def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float,
 
 
 def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues, streams, rate_bps, label,
-                first_round=0) -> dict:
-    """Rounds of the tagged stream with nicd --gso --queues ``queues`` on both hosts: goodput, wire
-    packets, and each daemon's CPU (all its threads, /proc/<pid>/stat) per wall second and per GB."""
-    res = {"queues": queues}
+                first_round=0, trains=False) -> dict:
+    """Rounds of the tagged stream with nicd --gso --queues ``queues`` (and --trains) on both hosts:
+    goodput, wire packets, and each daemon's CPU (all its threads, /proc/<pid>/stat) per wall
+    second and per GB."""
+    res = {"queues": queues, "trains": trains}
     acc = {"gso_gbps": [], "gso_packets": 0, "gso_bytes": 0}
     with ExitStack() as g:
-        gd = [g.enter_context(nicd(h, s, error_bound, gso=True, queues=queues)) for h, s in zip((h1, h2), socks)]
+        gd = [g.enter_context(nicd(h, s, error_bound, gso=True, queues=queues, trains=trains))
+              for h, s in zip((h1, h2), socks)]
         cpu0, busy = [cpu_seconds(d.pid) for d in gd], 0.0
         for r in range(rounds):
             t0 = time.perf_counter()
             timed_transfer(h1, h2, path, reps, TOS_TAGGED, timeout, acc, "gso", streams)
             busy += time.perf_counter() - t0
-            log(f"{label} gso {queues} queue(s) round {first_round + r + 1}: soft NIC --gso {acc['gso_gbps'][-1]:.3f} Gbit/s, "
+            log(f"{label} gso{' --trains' if trains else ''} {queues} queue(s) round {first_round + r + 1}: soft NIC "
+                f"{acc['gso_gbps'][-1]:.3f} Gbit/s, "
                 f"load {os.getloadavg()[0]:.1f}")
         cpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, cpu0)]
         g1, g2 = read_stats(socks[0]), read_stats(socks[1])
         per_queue = [q["counters"]["egress_packets"] for q in stats_queues(socks[0])]
     res["gbps"], res["packets"], res["bytes"] = acc["gso_gbps"], acc["gso_packets"], acc["gso_bytes"]
     res["orig_bytes"], res["wire_bytes"] = g1["egress_orig_bytes"], g1["egress_wire_bytes"]
-    res["super_packets"] = g1["gso_super_packets"]
+    res["super_packets"] = g1["gso_super_packets"] + g1["egress_trains"]
+    res["trains_sent"] = g1["egress_trains"]
     res["send_errors"] = g1["gso_send_errors"]
     res["drops"] = {k: v for k, v in g2.items() if k.startswith("drop_") and v}
     res["sender_queue_packets"] = per_queue  # how the streams spread over the sender's queues
@@ -194,14 +198,15 @@ def summarize_gso(res: dict, rate_bps) -> dict:
 def merge_gso(runs: list[dict], rate_bps) -> dict:
     """One gso queue count's rounds, each run with daemons of its own (measure_gso, 1 round),
     as one result: lists joined, counts and CPU seconds summed."""
-    m = {"queues": runs[0]["queues"], "gbps": [], "spread": [], "load": [], "drops": {}}
+    m = {"queues": runs[0]["queues"], "trains": runs[0]["trains"], "gbps": [], "spread": [], "load": [], "drops": {}}
     for r in runs:
         m["gbps"] += r["gbps"]
         m["spread"] += r["spread"]
         m["load"] += r["load"]
         for k, v in r["drops"].items():
             m["drops"][k] = m["drops"].get(k, 0) + v
-        for k in ("packets", "bytes", "orig_bytes", "wire_bytes", "super_packets", "send_errors", "busy_seconds"):
+        for k in ("packets", "bytes", "orig_bytes", "wire_bytes", "super_packets", "trains_sent", "send_errors",
+                  "busy_seconds"):
             m[k] = m.get(k, 0) + r[k]
         m["cpu_seconds"] = [a + b for a, b in zip(m.get("cpu_seconds", [0.0, 0.0]), r["cpu_seconds"])]
     m["sender_queue_packets"] = [sum(col) for col in zip(*m["spread"])]
@@ -247,11 +252,13 @@ def stats_queues(sock: str) -> list[dict]:
 def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, rounds: int,
                  error_bound: int, workdir: str, accept_only_too: bool, flood_pps: float = 0,
                  path_gso: bool = True, gso: bool = False, queues: tuple = (1,), streams: int = 1,
-                 modes: bool = False, ipv6: bool = False) -> dict:
+                 modes: bool = False, ipv6: bool = False, trains: bool = False) -> dict:
     """``path_gso``: the tagged stream's daemons run gso (the default) or per packet; ``gso``:
     then the gso runs over ``queues`` follow, beside the per-packet figures (--both); ``modes``:
     raw input, sent once in each codec mode (the paper's mark and the scaled one); ``ipv6``: each
-    round also sends the untagged and tagged streams over IPv6, through the same daemons."""
+    round also sends the untagged and tagged streams over IPv6, through the same daemons; ``trains``:
+    then rounds of the gso stream without and with --trains in turn, each with daemons of its own
+    (wire format v2 against v3, side by side; GRO on at the receiver's veth for both)."""
     label = f"{rate or 'unshaped'} MTU {mtu}"
     log(f"{label}: testbed up, {rounds} rounds of {nbytes * reps / 1e6:.0f} MB untagged + tagged"
         + (f" + tagged under a {flood_pps:.0f} SYN/s flood" if flood_pps else "") + " ...")
@@ -266,6 +273,8 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name=f"bnic{os.getpid()}", ipv6=ipv6) as tb, \
             ExitStack() as stack:
         h1, h2 = tb.hosts[:2]
+        if trains:  # a veth merges only with GRO on (a real NIC does by default)
+            h2.run(["ethtool", "-K", h2.ifname, "gro", "on"], check=True, capture_output=True)
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
         daemons = [stack.enter_context(nicd(h, s, error_bound, gso=path_gso)) for h, s in zip((h1, h2), socks)]
@@ -325,6 +334,13 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
                       "sender_s_per_gb", "receiver_s_per_gb", "of_ideal"):
                 if k in first:
                     res["gso_" + k] = first[k]
+        if trains:
+            ab = {False: [], True: []}
+            for r in range(rounds):
+                for t in (False, True):
+                    ab[t].append(measure_gso(h1, h2, socks, path, reps, 1, error_bound, timeout, 1, streams,
+                                             rate_bps, label, first_round=r, trains=t))
+            res["trains_ab"] = {"v2": merge_gso(ab[False], rate_bps), "v3": merge_gso(ab[True], rate_bps)}
         if accept_only_too:
             with ExitStack() as acc:
                 for h, s in zip((h1, h2), socks):
@@ -514,7 +530,7 @@ def run(args) -> int:
                                                 tmp, accept_only_too=rate is None, flood_pps=args.flood,
                                                 path_gso=path_gso, gso=args.both, queues=queues,
                                                 streams=args.streams, modes=args.input == "raw",
-                                                ipv6=args.ipv6))
+                                                ipv6=args.ipv6, trains=args.trains))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -523,7 +539,23 @@ def run(args) -> int:
         print_ipv6_report(report)
         print_flood_report(report)
         print_modes_report(report)
+        print_trains_report(report)
     return 0
+
+
+def print_trains_report(r: dict) -> None:
+    links = [x for x in r["links"] if x.get("trains_ab")]
+    if not links:
+        return
+    print("\nWire format v2 (gso: compressed packets by the raw socket) against v3 (--trains: one segment train "
+          "per super-packet in its verdict, GRO-merged at the receiver), rounds in turn, daemons started afresh each:")
+    print(f"{'link':<22}{'format':>7}{'Gbit/s median [min-max]':>28}{'ratio':>8}{'CPU s/GB tx/rx':>16}"
+          f"{'pkt/MB':>8}{'load':>12}")
+    for x in links:
+        for name, g in x["trains_ab"].items():
+            print(f"{link_label(x):<22}{name:>7}{g['gbps_median']:>11.2f} {span(g['gbps']):>16}{g['ratio']:>7.2f}x"
+                  f"{g['sender_s_per_gb']:>8.2f} / {g['receiver_s_per_gb']:<5.2f}"
+                  f"{g['packets'] / (g['bytes'] / 1e6):>8.0f}{min(g['load']):>6.1f}-{max(g['load']):<5.1f}")
 
 
 def print_modes_report(r: dict) -> None:
@@ -558,6 +590,9 @@ def add_arguments(p) -> None:
     p.add_argument("--queues", default="1", metavar="N[,N...]",
                    help="with --both: run the --gso stream once per queue count in every round, in turn, each "
                    "daemon with --queues N (default 1)")
+    p.add_argument("--trains", action="store_true",
+                   help="also run the gso stream without and with nicd --trains (wire format v3) in turn, every "
+                        "round, and report the two side by side")
     p.add_argument("--streams", type=int, default=1, metavar="M",
                    help="parallel streams per transfer (default 1; all between the same two hosts: with --queues N "
                    "nicd spreads them over its queues by a hash of their ports, each stream on one queue)")

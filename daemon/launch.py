@@ -23,21 +23,21 @@ from .nicd import wait_ready
 
 
 def nicd_argv(host, sock: str, error_bound: int, accept_only: bool = False,
-              log_level: str = "warning", gso: bool | None = None, queues: int = 1) -> list[str]:
-    """gso: True --gso, False --no-gso (per packet), None the daemon's default (auto)."""
+              log_level: str = "warning", gso: bool | None = None, queues: int = 1, trains: bool = False) -> list[str]:
+    """gso: True --gso, False --no-gso (per packet), None the daemon's default (auto); trains: --trains."""
     argv = [sys.executable, "-m", "inceptionn", "nicd", "-i", host.ifname, "--socket", sock,
             "--error-bound", str(error_bound), "--log-level", log_level]
     return (argv + (["--accept-only"] if accept_only else []) + {True: ["--gso"], False: ["--no-gso"], None: []}[gso]
-            + (["--queues", str(queues)] if queues != 1 else []))
+            + (["--queues", str(queues)] if queues != 1 else []) + (["--trains"] if trains else []))
 
 
 @contextmanager
 def nicd(host, sock: str, error_bound: int, accept_only: bool = False, *, new_session: bool = False,
-         log_level: str = "warning", gso: bool | None = None, queues: int = 1):
+         log_level: str = "warning", gso: bool | None = None, queues: int = 1, trains: bool = False):
     """Run nicd on ``host`` for the duration of the block; yields the Popen (with ``.log``, a
     deque of its last stderr lines). ``new_session`` keeps a terminal's Ctrl-C away from it,
     so the caller stops it in order."""
-    p = host.popen(nicd_argv(host, sock, error_bound, accept_only, log_level, gso, queues), stderr=subprocess.PIPE,
+    p = host.popen(nicd_argv(host, sock, error_bound, accept_only, log_level, gso, queues, trains), stderr=subprocess.PIPE,
                    start_new_session=new_session)
     p.log = collections.deque(maxlen=50)
     try:

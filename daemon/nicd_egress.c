@@ -147,6 +147,18 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
         if (mtu > mss_len)
             mtu = mss_len;
         if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu) {
+            /* v3: a GSO skb goes back as one train cut where the kernel will cut it: at its own
+             * gso_size, which the queue does not report but TCP derives (tcp_current_mss) from
+             * the path MTU and the peer's MSS, both in mtu, less this skb's IP and TCP headers. A
+             * wrong guess only misplaces the cuts: GRO joins a whole train back and the walk
+             * still finds every header; a segment that arrives alone and cut wrong is dropped
+             * (drop_header) and TCP retransmits it. */
+            size_t gso_size = mtu > p.payload_off ? mtu - p.payload_off : 0;
+            if (cx->cfg->trains && fi.peer_trains && (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) &&
+                p.payload_len > gso_size) {
+                egress_train(id, &p, isn, gso_size, &rc, cx);
+                return;
+            }
             if (!rc.view.known) { /* NAT might take the raw socket's packets for another flow */
                 COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
                 COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);

@@ -51,6 +51,7 @@ struct flow {
     uint8_t sent, raw;
     uint8_t rewritten; /* a compressed packet arrived without its mark */
     uint8_t closing;   /* our FIN left: expires after NICD_FIN_LINGER_S idle seconds */
+    uint8_t peer_trains; /* the peer restores v3 segment trains (nicd_flows_set_trains) */
     uint32_t view_asked; /* when the view was last asked for (monotonic seconds) */
     uint64_t owner;
     struct nicd_flow_view view;
@@ -539,7 +540,7 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
         s->new_bytes /= 2, s->retx_bytes /= 2;
     *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .peer_mss = s->peer_mss,
                                   .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
-                                  .view = s->view};
+                                  .view = s->view, .peer_trains = s->peer_trains};
     if (!s->view.known && now - s->view_asked >= NICD_VIEW_RETRY_S)
         fi->ask_view = 1, s->view_asked = now;
     slot_unlock(sl);
@@ -552,6 +553,17 @@ int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struc
     int stored = s && s->f.isn == isn;
     if (stored)
         s->f.view = *v;
+    if (s)
+        slot_unlock(s);
+    return stored;
+}
+
+int nicd_flows_set_trains(const struct nicd_flow_key *k, uint32_t isn)
+{
+    struct slot *s = acquire(k);
+    int stored = s && s->f.isn == isn;
+    if (stored)
+        s->f.peer_trains = 1;
     if (s)
         slot_unlock(s);
     return stored;

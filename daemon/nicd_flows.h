@@ -68,6 +68,7 @@ struct nicd_hello {
     uint32_t peer_isn; /* the peer's ISN (PEER, ANSWERED) */
     uint8_t tries;     /* ANSWERED: compressed packets that failed to confirm it */
     uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
+    uint8_t peer_trains; /* its hello said it restores v3 segment trains (PEER, ANSWERED) */
     uint8_t nonce[NICD_NONCE_LEN];
     uint64_t owner;    /* who the flow is charged to once negotiated (nicd_flows_owner_*) */
 };
@@ -98,6 +99,10 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
 /* Store the view conntrack gave for flow k if k is still the connection of our ISN isn (not
  * replaced by a newer one on the 4-tuple). Returns 1 if stored. */
 int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struct nicd_flow_view *v);
+
+/* The peer of flow k said in its hello that it restores v3 segment trains (docs/wire-format.md,
+ * "Segment trains"): stored if k is still the connection of our ISN isn. Returns 1 if stored. */
+int nicd_flows_set_trains(const struct nicd_flow_key *k, uint32_t isn);
 
 /* How often a flow whose view is still unknown asks for it again (the request queue was full). */
 #define NICD_VIEW_RETRY_S 1
@@ -145,6 +150,7 @@ struct nicd_flow_info {
     uint8_t high_fin;   /* and whether a FIN followed it */
     uint8_t ask_view;   /* the view is unknown and was last asked NICD_VIEW_RETRY_S ago: ask again */
     struct nicd_flow_view view;
+    uint8_t peer_trains; /* the peer restores v3 segment trains */
 };
 
 /* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte, fin whether

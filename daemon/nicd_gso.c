@@ -224,6 +224,18 @@ int send_one(struct ctx *cx, uint8_t *buf, size_t len, const struct nicd_pkt *p,
     return sendmsg(p->v6 ? cx->raw6_fd : cx->raw_fd, &mh, 0) < 0 ? -1 : 0;
 }
 
+/* A super-packet that did not compress (nicd_compress_gso's or nicd_compress_train's result r)
+ * leaves unchanged: the kernel segments it after the hook, as it would without us. */
+static void leave_raw(uint32_t id, const struct nicd_pkt *p, ptrdiff_t r, struct ctx *cx)
+{
+    if (r == NICD_TOO_SHORT)
+        COUNT(cx, EGRESS_RAW_SHORT, 1);
+    else
+        COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
+    COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+    verdict(id, NF_ACCEPT, NULL, 0, cx);
+}
+
 /* Cut a super-packet into cx->segs for this MTU: its length in all, or what nicd_compress_gso says. */
 static ptrdiff_t cut_gso(struct ctx *cx, const struct nicd_pkt *p, uint32_t isn, size_t mtu, int *nsegs,
                          uint64_t *tiers)
@@ -247,12 +259,7 @@ void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
     ptrdiff_t r = cut_gso(cx, p, isn, mtu, &nsegs, tiers);
     PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) {
-        if (r == NICD_TOO_SHORT)
-            COUNT(cx, EGRESS_RAW_SHORT, 1);
-        else
-            COUNT(cx, EGRESS_RAW_NOT_SMALLER, 1);
-        COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
-        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        leave_raw(id, p, r, cx);
         return;
     }
     flush(cx); /* verdicts still pending (earlier packets of this flow) leave first: no reordering */
@@ -284,4 +291,51 @@ void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
     count_tiers(cx, tiers);
     verdict(id, NF_DROP, NULL, 0, cx);
+}
+
+/* v3 (docs/wire-format.md, "Segment trains"): a GSO skb of a flow whose peer restores trains goes
+ * back in its own verdict as one train, which the kernel cuts at the skb's gso_size with fresh
+ * checksums after the hook, keeping all it knows of the original (route, mark, conntrack, NAT
+ * after us). A train of one segment cannot: the kernel refuses to cut a GSO skb no longer than
+ * its gso_size and would drop it, so that one packet leaves by the raw socket (once the flow's
+ * view before NAT is known, else raw). One that does not compress leaves unchanged. */
+void egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gso_size, const struct route_ctx *rc,
+                  struct ctx *cx)
+{
+    uint64_t tiers[4] = {0, 0, 0, 0};
+    int nsegs = 0;
+    PROF_BEGIN(tc);
+    ptrdiff_t r = nicd_compress_train(p, p->seq - isn - 1, codec_of_mark(cx, p->tos), cx->cfg->error_bound,
+                                      (uint8_t)((p->tos & 3) | cx->cfg->tos_compressed), cx->echo, gso_size,
+                                      OUT(cx), sizeof OUT(cx), &nsegs, GSO_MAX_SEGS, cx->scratch, cx->stream,
+                                      sizeof cx->stream, tiers);
+    PROF_END(cx, COMPRESS, tc);
+    if (r <= NICD_TOO_SHORT) {
+        leave_raw(id, p, r, cx);
+        return;
+    }
+    if (nsegs == 1 && !rc->view.known) { /* NAT might take the raw socket's packet for another flow */
+        COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
+        COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
+        verdict(id, NF_ACCEPT, NULL, 0, cx);
+        return;
+    }
+    COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
+    count_tiers(cx, tiers);
+    if (nsegs == 1) {
+        memcpy(cx->segs, OUT(cx), (size_t)r);
+        cx->seg_len[0] = (size_t)r;
+        flush(cx); /* earlier verdicts of this flow leave first */
+        PROF_BEGIN(ts);
+        int too_big = send_segments(cx, p, rc, 1, p->payload_off);
+        PROF_END(cx, SEND, ts);
+        COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
+        COUNT(cx, GSO_SUPER_PACKETS, 1);
+        verdict(id, NF_DROP, NULL, 0, cx);
+        return;
+    }
+    COUNT(cx, EGRESS_TRAINS, 1);
+    COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
+    COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - p->payload_off);
+    verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }

@@ -32,7 +32,8 @@ static struct nicd_hello_opt our_option(const struct ctx *cx, uint8_t role, uint
 {
     struct nicd_hello_opt o = {
         .version = NICD_VERSION, .role = role, .codec = NICD_CODEC_SCALED, /* we decode 1 and 2 */
-        .tos_compressed = cx->cfg->tos_compressed, .orig_tos = (uint8_t)(orig_tos & 0xFC),
+        .tos_compressed = cx->cfg->tos_compressed,
+        .orig_tos = (uint8_t)((orig_tos & 0xFC) | (cx->cfg->trains ? NICD_OPT_TRAINS : 0)),
         .error_bound = (int8_t)cx->cfg->error_bound,
     };
     memcpy(o.nonce, nonce, NICD_NONCE_LEN);
@@ -62,7 +63,7 @@ static void put_hello(struct ctx *cx, const struct nicd_flow_key *k, const struc
 /* Negotiate flow k and count the outcome. A negotiated flow's view before NAT is asked of the
  * slow path (nicd_conntrack.h), never here: until it is answered, its super-packets leave raw. */
 static void negotiate(struct ctx *cx, const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn,
-                      uint16_t peer_mss, uint64_t owner)
+                      uint16_t peer_mss, uint64_t owner, int peer_trains)
 {
     int rc = nicd_flows_negotiate(k, isn, peer_isn, peer_mss, owner);
     if (rc == NICD_FLOWS_OWNER_FULL) {
@@ -71,6 +72,8 @@ static void negotiate(struct ctx *cx, const struct nicd_flow_key *k, uint32_t is
         COUNT(cx, FLOW_TABLE_FULL, 1);
     } else {
         COUNT(cx, FLOWS_NEGOTIATED, 1);
+        if (peer_trains) /* its packets until now were v2: valid too */
+            nicd_flows_set_trains(k, isn);
         nicd_ct_ask(k, isn); /* a full queue: the flow asks again later (nicd_flows_egress) */
     }
 }
@@ -165,7 +168,8 @@ void ingress_hello(uint32_t id, const struct nicd_pkt *p,
     if (syn == TCP_SYN && o.role == NICD_ROLE_HELLO) {
         /* the peer opens this flow: charged to it (our SYN-ACK's request socket names no user) */
         h = (struct nicd_hello){.state = NICD_HELLO_PEER, .agree = (uint8_t)agree, .peer_isn = p->seq,
-                                .peer_mss = mss_option(p), .owner = nicd_flows_owner_of_peer(k)};
+                                .peer_mss = mss_option(p), .owner = nicd_flows_owner_of_peer(k),
+                                .peer_trains = (uint8_t)(o.orig_tos & NICD_OPT_TRAINS)};
         memcpy(h.nonce, o.nonce, NICD_NONCE_LEN);
         put_hello(cx, k, &h);
         if (!agree)
@@ -178,7 +182,7 @@ void ingress_hello(uint32_t id, const struct nicd_pkt *p,
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        negotiate(cx, k, h.isn, p->seq, mss_option(p), h.owner);
+        negotiate(cx, k, h.isn, p->seq, mss_option(p), h.owner, o.orig_tos & NICD_OPT_TRAINS);
     }
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
@@ -208,6 +212,6 @@ void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_key *k, s
     }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    negotiate(cx, k, h.isn, h.peer_isn, h.peer_mss, h.owner);
+    negotiate(cx, k, h.isn, h.peer_isn, h.peer_mss, h.owner, h.peer_trains);
 }
 

@@ -48,17 +48,22 @@ void ingress(struct nfq_data *nfa, struct ctx *cx)
      * (rules.py, LOOKS_COMPRESSED). It is a compressed packet whose DSCP the network rewrote only
      * if its checksum is wrong by exactly the mark; anything else (an ordinary segment, or one
      * corrupted in transit, which the stack drops) passes untouched. */
+    /* With trains the queue takes what GRO merged whole: a merged packet's TCP checksum is only
+     * the pseudo-header's (the kernel checked each segment's), so it cannot be checked here. */
+    int csum_partial = (nfq_get_skbinfo(nfa) & NFQA_SKB_CSUMNOTREADY) != 0;
     int rewritten = !dscp_is(p.tos, cx->cfg->tos_compressed);
-    if (rewritten && (syn & TCP_SYN || !nicd_marked_checksum(&p))) {
+    if (rewritten && (syn & TCP_SYN || csum_partial || !nicd_marked_checksum(&p))) {
         verdict(id, NF_ACCEPT, NULL, 0, cx);
         return;
     }
 
     /* the mark the sender's codec stands for goes back on (codec 2: tos_scaled) */
     uint8_t mark = nicd_codec_of(&p) == NICD_CODEC_SCALED ? cx->cfg->tos_scaled : cx->cfg->tos_tagged;
+    int train = !rewritten && nicd_shim_version(&p) == NICD_V3_VERSION, segs = 0, left_off = 0;
     PROF_BEGIN(tr);
-    ptrdiff_t r = nicd_restore(&p, (uint8_t)((p.tos & 3) | mark), OUT(cx),
-                               sizeof OUT(cx), cx->scratch);
+    ptrdiff_t r = train ? nicd_restore_train(&p, !csum_partial, (uint8_t)((p.tos & 3) | mark), OUT(cx),
+                                             sizeof OUT(cx), cx->scratch, &segs, &left_off)
+                        : nicd_restore(&p, (uint8_t)((p.tos & 3) | mark), OUT(cx), sizeof OUT(cx), cx->scratch);
     PROF_END(cx, RESTORE, tr);
     if (r < 0) {
         switch (r) {
@@ -73,7 +78,9 @@ void ingress(struct nfq_data *nfa, struct ctx *cx)
         return;
     }
     COUNT(cx, INGRESS_RESTORED, 1);
-    COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len);
+    COUNT(cx, INGRESS_TRAIN_SEGMENTS, (uint64_t)segs);
+    COUNT(cx, DROP_TRAIN_TAIL, (uint64_t)left_off);
+    COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len - (size_t)left_off);
     COUNT(cx, INGRESS_ORIG_BYTES, (size_t)r - p.payload_off);
     confirm_answered(&p, &k, cx);
     if (rewritten) {

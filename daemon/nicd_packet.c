@@ -461,6 +461,102 @@ ptrdiff_t nicd_compress_codec(const struct nicd_pkt *p, uint32_t stream_off, int
 }
 
 
+/* Where a super-packet's encoded stream is cut into packets (gso) or train segments (v3). */
+struct cut {
+    size_t s0, bytes;   /* the stream slice */
+    size_t nfloats;
+    size_t off, orig;   /* the original payload range it covers: offset, length */
+};
+#define NICD_MAX_CUTS 128
+
+/* Greedy: each piece takes whole groups while its stream and raw ends fit `room` (the fewest
+ * pieces for ranges in order); the first also carries `head`, the last `tail`. With `even`, when
+ * what is left needs exactly two pieces, they share it evenly: a last piece of a few floats could
+ * not shrink below its shim header, and would leave the whole super-packet raw. Returns the number
+ * of pieces (acc += the tiers of their groups, stream_tiers), or -1 when more than max_segs (or
+ * NICD_MAX_CUTS) would be needed or a group does not fit. */
+static int plan_cuts(const uint8_t *stream, size_t slen, size_t n, size_t head, size_t tail, size_t room,
+                     int even, int max_segs, struct cut *cuts, uint64_t *acc)
+{
+    size_t groups = (n + 7) / 8, g = 0, at = 0;
+    int segs = 0;
+    if (max_segs > NICD_MAX_CUTS)
+        max_segs = NICD_MAX_CUTS;
+    while (g < groups) {
+        size_t g0 = g, s0 = at, bytes = 0;
+        size_t ends = (g0 == 0 ? head : 0) + tail; /* tail reserved: this may be the last */
+        size_t left = slen - at + ends;
+        size_t half = even && left > room && left + 2 * INC_MAX_GROUP_BYTES <= 2 * room ? left / 2 : room;
+        while (g < groups) {
+            size_t b = group_bytes(stream + at);
+            if (bytes + b + ends > room || bytes + ends >= half)
+                break;
+            *acc += tag_tiers[stream[at]] + tag_tiers[stream[at + 1]];
+            bytes += b, at += b, g++;
+        }
+        if (g == g0 || segs == max_segs)
+            return -1;
+        int last = g == groups;
+        size_t f0 = g0 * 8, f1 = last ? n : g * 8; /* floats covered */
+        size_t off = g0 == 0 ? 0 : head + 4 * f0;
+        cuts[segs++] = (struct cut){.s0 = s0, .bytes = bytes, .nfloats = f1 - f0, .off = off,
+                                    .orig = head + 4 * f1 + (last ? tail : 0) - off};
+    }
+    return segs;
+}
+
+/* A super-packet's n floats at src encoded once into `stream` (the pieces are cut from it); codec
+ * 2: one exponent for the super-packet (*scale), carried by every piece cut from it. */
+static ptrdiff_t encode_super(const uint8_t *src, size_t n, int codec, int error_bound, float *scratch,
+                              uint8_t *stream, size_t stream_cap, int *scale)
+{
+    memcpy(scratch, src, 4 * n);
+    *scale = codec == NICD_CODEC_SCALED ? nicd_scale_exponent(scratch, n) : 0;
+    if (*scale)
+        nicd_scale(scratch, n, *scale);
+    return inc_encode(scratch, n, error_bound, stream, stream_cap, INC_IMPL_AUTO);
+}
+
+/* What both cutters (gso's packets, v3's train segments) do first: p's payload split at the
+ * stream's float boundaries, encoded once, cut into pieces of at most `piece` bytes (a header of
+ * hdr bytes, raw ends and whole groups). `padded`: every piece but the last is padded to `piece`
+ * (v3), so the pieces are filled first and shared evenly only when the last would not shrink. Each piece must hold its header, both raw ends and one
+ * worst-case group, and the whole restore into one verdict (<= NICD_MAX_VERDICT bytes, <= 16384
+ * floats). NICD_OK with *segs pieces in pl, or NICD_TOO_SHORT, NICD_NOT_SMALLER, NICD_E_SPACE. */
+struct plan {
+    size_t head, n, tail;
+    int scale;
+    uint64_t acc; /* the tiers of the groups (stream_tiers) */
+    struct cut cuts[NICD_MAX_CUTS];
+};
+
+static int plan_super(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound, size_t piece,
+                      size_t hdr, int padded, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
+                      struct plan *pl, int *segs)
+{
+    if (!split_payload(p->payload_len, stream_off, &pl->head, &pl->n, &pl->tail))
+        return NICD_TOO_SHORT;
+    if (piece < hdr + 6 + INC_MAX_GROUP_BYTES || piece > NICD_MAX_VERDICT || p->len > NICD_MAX_VERDICT ||
+        pl->n > 16384 || stream_cap < inc_max_encoded_size(pl->n) || max_segs < 1)
+        return NICD_NOT_SMALLER;
+    ptrdiff_t slen = encode_super(p->ip + p->payload_off + pl->head, pl->n, codec, error_bound, scratch, stream,
+                                  stream_cap, &pl->scale);
+    if (slen < 0)
+        return NICD_E_SPACE;
+    pl->acc = 0;
+    *segs = plan_cuts(stream, (size_t)slen, pl->n, pl->head, pl->tail, piece - hdr, !padded, max_segs, pl->cuts,
+                      &pl->acc);
+    if (padded && *segs > 1) { /* full pieces first; the even split only if the last would not shrink */
+        const struct cut *last = &pl->cuts[*segs - 1];
+        if (hdr + last->bytes + pl->tail >= last->orig) {
+            pl->acc = 0;
+            *segs = plan_cuts(stream, (size_t)slen, pl->n, pl->head, pl->tail, piece - hdr, 1, max_segs, pl->cuts,
+                              &pl->acc);
+        }
+    }
+    return *segs < 0 ? NICD_NOT_SMALLER : NICD_OK;
+}
+
 /* One segment of nicd_compress_gso: the original's headers, then the shim header, `head` raw
  * bytes, the stream slice, `tail` raw bytes; seq advanced by `off` original payload bytes. */
 static size_t gso_segment(const struct nicd_pkt *p, size_t off, const uint8_t *head, size_t nhead,
@@ -508,74 +604,42 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
                                   int *nsegs, int max_segs, float *scratch, uint8_t *stream,
                                   size_t stream_cap, uint64_t *tiers)
 {
-    size_t plen = p->payload_len, head, n, tail;
-    if (!split_payload(plen, stream_off, &head, &n, &tail))
-        return NICD_TOO_SHORT;
-    /* Room for a shim header, both raw ends and one worst-case group in every packet, and each
-     * packet restorable into one verdict (<= NICD_MAX_VERDICT bytes, <= 16384 floats). */
-    if (mtu <= p->payload_off || mtu - p->payload_off < NICD_HDR_LEN + 6 + INC_MAX_GROUP_BYTES ||
-        p->len > NICD_MAX_VERDICT || n > 16384 || stream_cap < inc_max_encoded_size(n) || max_segs < 1)
-        return NICD_NOT_SMALLER;
-    size_t room = mtu - p->payload_off - NICD_HDR_LEN; /* stream + raw ends per packet */
-
+    struct plan pl;
+    int segs, r = plan_super(p, stream_off, codec, error_bound, mtu > p->payload_off ? mtu - p->payload_off : 0,
+                             NICD_HDR_LEN, 0, max_segs, scratch, stream, stream_cap, &pl, &segs);
+    if (r != NICD_OK)
+        return r;
     const uint8_t *src = p->ip + p->payload_off;
-    memcpy(scratch, src + head, 4 * n);
-    /* codec 2: one exponent for the super-packet, carried by every packet cut from it */
-    int scale = codec == NICD_CODEC_SCALED ? nicd_scale_exponent(scratch, n) : 0;
-    if (scale)
-        nicd_scale(scratch, n, scale);
-    ptrdiff_t slen = inc_encode(scratch, n, error_bound, stream, stream_cap, INC_IMPL_AUTO);
-    if (slen < 0)
-        return NICD_E_SPACE;
-
-    /* Greedy: each packet takes whole groups while they fit (the fewest packets for ranges in
-     * order); the first also carries `head`, the last `tail`. When what is left needs exactly
-     * two packets, they share it evenly: a last packet of a few floats could not shrink below
-     * its shim header, and would leave the whole super-packet raw. */
-    size_t groups = (n + 7) / 8, g = 0, at = 0, used = 0;
-    uint64_t acc = 0; /* the tiers of the groups walked (stream_tiers) */
-    int segs = 0;
-    while (g < groups) {
-        size_t g0 = g, s0 = at, bytes = 0;
-        size_t ends = (g0 == 0 ? head : 0) + tail; /* tail reserved: this may be the last */
-        size_t left = (size_t)slen - at + ends;
-        size_t half = left > room && left + 2 * INC_MAX_GROUP_BYTES <= 2 * room ? left / 2 : room;
-        while (g < groups) {
-            size_t b = group_bytes(stream + at);
-            if (bytes + b + ends > room || bytes + ends >= half)
-                break;
-            acc += tag_tiers[stream[at]] + tag_tiers[stream[at + 1]];
-            bytes += b, at += b, g++;
-        }
-        if (g == g0 || segs == max_segs) /* cannot happen with the room checked above */
-            return NICD_NOT_SMALLER;
-        int first = g0 == 0, last = g == groups;
-        size_t f0 = g0 * 8, f1 = last ? n : g * 8; /* floats covered */
-        size_t off = first ? 0 : head + 4 * f0;
-        size_t orig = head + 4 * f1 + (last ? tail : 0) - off;
-        size_t wire = NICD_HDR_LEN + (first ? head : 0) + bytes + (last ? tail : 0);
-        if (wire >= orig) /* never bigger, per packet */
+    size_t head = pl.head, n = pl.n, tail = pl.tail;
+    int scale = pl.scale;
+    const struct cut *cuts = pl.cuts;
+    size_t used = 0;
+    for (int i = 0; i < segs; i++) {
+        const struct cut *k = &cuts[i];
+        int first = i == 0, last = i == segs - 1;
+        size_t wire = NICD_HDR_LEN + (first ? head : 0) + k->bytes + (last ? tail : 0);
+        if (wire >= k->orig) /* never bigger, per packet */
             return NICD_NOT_SMALLER;
         if (used + p->payload_off + wire > cap)
             return NICD_E_SPACE;
-        seg_len[segs] = gso_segment(p, off, src, first ? head : 0, stream + s0, bytes, f1 - f0,
-                                    src + head + 4 * n, last ? tail : 0, first, last, (unsigned)segs,
-                                    tos, echo, codec, scale, out + used);
-        used += seg_len[segs++];
+        seg_len[i] = gso_segment(p, k->off, src, first ? head : 0, stream + k->s0, k->bytes, k->nfloats,
+                                 src + head + 4 * n, last ? tail : 0, first, last, (unsigned)i,
+                                 tos, echo, codec, scale, out + used);
+        used += seg_len[i];
     }
     *nsegs = segs;
     if (tiers) /* counted only for a super-packet that leaves compressed */
-        add_tiers(acc, n, tiers);
+        add_tiers(pl.acc, n, tiers);
     return (ptrdiff_t)used;
 }
 
-/* Byte 1 names a codec we decode; byte 10 is zero for codec 1 and a scale exponent in
- * [-NICD_SCALE_MAX, NICD_SCALE_MAX] for codec 2. */
-static int header_codec_ok(const uint8_t *c)
+/* Byte 1 names this version and a codec we decode; byte 10 is zero for codec 1 and a scale
+ * exponent in [-NICD_SCALE_MAX, NICD_SCALE_MAX] for codec 2 (v2 and v3 alike). */
+static int header_codec_ok(const uint8_t *c, int version)
 {
-    if (c[1] == ((NICD_VERSION << 4) | NICD_CODEC_INCEPTIONN))
+    if (c[1] == ((version << 4) | NICD_CODEC_INCEPTIONN))
         return c[NICD_SCALE_AT] == 0;
-    if (c[1] == ((NICD_VERSION << 4) | NICD_CODEC_SCALED))
+    if (c[1] == ((version << 4) | NICD_CODEC_SCALED))
         return (int8_t)c[NICD_SCALE_AT] >= -NICD_SCALE_MAX && (int8_t)c[NICD_SCALE_AT] <= NICD_SCALE_MAX;
     return 0;
 }
@@ -597,7 +661,7 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
         return NICD_E_CHECKSUM;
     const uint8_t *c = p->ip + p->payload_off;
     size_t clen = p->payload_len;
-    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC || !header_codec_ok(c))
+    if (clen < NICD_HDR_LEN || c[0] != NICD_MAGIC || !header_codec_ok(c, NICD_VERSION))
         return NICD_E_HEADER;
     size_t head = c[2] & 3, tail = (c[2] >> 2) & 3;
     size_t n = (size_t)c[4] | ((size_t)c[5] << 8);
@@ -622,6 +686,179 @@ ptrdiff_t nicd_restore(const struct nicd_pkt *p, uint8_t tos, uint8_t *out, size
     memcpy(d + head + 4 * n, stream + slen, tail);
     finish_packet(out, len, tos);
     return (ptrdiff_t)len;
+}
+
+/* ---- wire format v3: segment trains (nicd_packet.h) ---------------------------------------- */
+
+static void put_le16(uint8_t *b, size_t v)
+{
+    b[0] = (uint8_t)v, b[1] = (uint8_t)(v >> 8);
+}
+
+static size_t get_le16(const uint8_t *b)
+{
+    return (size_t)b[0] | (size_t)b[1] << 8;
+}
+
+static uint32_t get_le32(const uint8_t *b)
+{
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static void put_le32(uint8_t *b, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* One train segment at c, wlen bytes: header, head, stream slice, tail, zero padding, CRC last. */
+static void v3_segment(uint8_t *c, size_t wlen, const uint8_t *head, size_t nhead, const uint8_t *s, size_t slen,
+                       size_t nfloats, const uint8_t *tail, size_t ntail, uint16_t echo, int codec, int scale,
+                       uint32_t orig_seq)
+{
+    c[0] = NICD_MAGIC;
+    c[1] = (uint8_t)((NICD_V3_VERSION << 4) | codec);
+    c[2] = (uint8_t)(nhead | (ntail << 2) | ((echo & 15) << 4));
+    c[3] = (uint8_t)((echo & NICD_ECHO_MASK) >> 4);
+    put_le16(c + 4, nfloats);
+    c[NICD_SCALE_AT] = (uint8_t)(int8_t)scale;
+    c[11] = 0;
+    put_le32(c + 12, orig_seq);
+    put_le16(c + 16, slen);
+    put_le16(c + 18, wlen);
+    uint8_t *b = c + NICD_V3_HDR_LEN;
+    memcpy(b, head, nhead);
+    memcpy(b + nhead, s, slen);
+    memcpy(b + nhead + slen, tail, ntail);
+    size_t body = NICD_V3_HDR_LEN + nhead + slen + ntail;
+    memset(c + body, 0, wlen - body);
+    put_le32(c + 6, payload_crc(c, wlen));
+}
+
+ptrdiff_t nicd_compress_train(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound,
+                              uint8_t tos, uint16_t echo, size_t gso_size, uint8_t *out, size_t cap,
+                              int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
+                              uint64_t *tiers)
+{
+    struct plan pl;
+    int segs, r = plan_super(p, stream_off, codec, error_bound, gso_size, NICD_V3_HDR_LEN, 1, max_segs, scratch,
+                             stream, stream_cap, &pl, &segs);
+    if (r != NICD_OK)
+        return r;
+    const uint8_t *src = p->ip + p->payload_off;
+    size_t head = pl.head, n = pl.n, tail = pl.tail;
+    const struct cut *cuts = pl.cuts;
+    size_t used = p->payload_off;
+    for (int i = 0; i < segs; i++) {
+        const struct cut *k = &cuts[i];
+        int first = i == 0, last = i == segs - 1;
+        /* every segment but the last exactly gso_size: where the kernel's GSO cuts */
+        size_t body = NICD_V3_HDR_LEN + (first ? head : 0) + k->bytes + (last ? tail : 0);
+        size_t wlen = last ? body : gso_size;
+        if (wlen >= k->orig) /* never bigger, per segment */
+            return NICD_NOT_SMALLER;
+        if (used + wlen > cap)
+            return NICD_E_SPACE;
+        v3_segment(out + used, wlen, src, first ? head : 0, stream + k->s0, k->bytes, k->nfloats,
+                   src + head + 4 * n, last ? tail : 0, echo, codec, pl.scale, p->seq + (uint32_t)k->off);
+        used += wlen;
+    }
+    memcpy(out, p->ip, p->payload_off);
+    uint8_t *t = out + p->ihl;
+    uint32_t seq = p->seq + NICD_V3_SEQ_OFFSET;
+    t[4] = (uint8_t)(seq >> 24), t[5] = (uint8_t)(seq >> 16), t[6] = (uint8_t)(seq >> 8), t[7] = (uint8_t)seq;
+    finish_packet(out, used, tos);
+    *nsegs = segs;
+    if (tiers) /* counted only for a super-packet that leaves compressed */
+        add_tiers(pl.acc, n, tiers);
+    return (ptrdiff_t)used;
+}
+
+/* Check and decode the train segment at c (avail bytes left in the packet, wire_seq its seq on
+ * the wire) into d (room bytes): its wire length, original seq and restored length out. The
+ * checks in order: header (magic, version 3, codec and exponent, reserved byte, lengths within
+ * the packet, the original seq at or past the wire offset by less than 64 KB), zero padding,
+ * CRC32C, room, group stream. */
+static int v3_restore_segment(const uint8_t *c, size_t avail, uint32_t wire_seq, uint8_t *d, size_t room,
+                              float *scratch, size_t *wlen, uint32_t *orig_seq, size_t *olen)
+{
+    if (avail < NICD_V3_HDR_LEN || c[0] != NICD_MAGIC || !header_codec_ok(c, NICD_V3_VERSION) || c[11] != 0)
+        return NICD_E_HEADER;
+    size_t head = c[2] & 3, tail = (c[2] >> 2) & 3, n = get_le16(c + 4);
+    size_t slen = get_le16(c + 16), w = get_le16(c + 18);
+    uint32_t seq = get_le32(c + 12);
+    size_t body = NICD_V3_HDR_LEN + head + slen + tail;
+    if (w < body || w > avail || seq - (wire_seq - NICD_V3_SEQ_OFFSET) > 0xFFFFu)
+        return NICD_E_HEADER;
+    for (size_t i = body; i < w; i++)
+        if (c[i])
+            return NICD_E_HEADER;
+    if (payload_crc(c, w) != get_le32(c + 6))
+        return NICD_E_CRC;
+    size_t len = head + 4 * n + tail;
+    if (len > room)
+        return NICD_E_SPACE;
+    const uint8_t *s = c + NICD_V3_HDR_LEN + head;
+    if (inc_decode(s, slen, scratch, n, NULL, INC_IMPL_AUTO) != INC_OK)
+        return NICD_E_DECODE;
+    if ((c[1] & 15) == NICD_CODEC_SCALED && c[NICD_SCALE_AT])
+        nicd_scale(scratch, n, -(int8_t)c[NICD_SCALE_AT]); /* undo the sender's 2^x exactly */
+    memcpy(d, c + NICD_V3_HDR_LEN, head);
+    memcpy(d + head, scratch, 4 * n);
+    memcpy(d + head + 4 * n, s + slen, tail);
+    *wlen = w, *orig_seq = seq, *olen = len;
+    return NICD_OK;
+}
+
+ptrdiff_t nicd_restore_train(const struct nicd_pkt *p, int verify_csum, uint8_t tos, uint8_t *out, size_t cap,
+                             float *scratch, int *restored, int *left_off)
+{
+    *restored = *left_off = 0;
+    /* As in nicd_restore: the fresh checksum written below must not launder a corrupted one. */
+    if (verify_csum && segment_sum(p) != 0xFFFF)
+        return NICD_E_CHECKSUM;
+    const uint8_t *c = p->ip + p->payload_off;
+    size_t clen = p->payload_len, at = 0, len = p->payload_off;
+    size_t limit = cap < NICD_MAX_VERDICT ? cap : NICD_MAX_VERDICT;
+    uint32_t first = 0, next = 0;
+    if (len > limit)
+        return NICD_E_SPACE;
+    while (at < clen) {
+        size_t w, olen;
+        uint32_t seq;
+        int r = v3_restore_segment(c + at, clen - at, p->seq + (uint32_t)at, out + len, limit - len, scratch, &w,
+                                   &seq, &olen);
+        if (r == NICD_OK && *restored && seq != next)
+            r = NICD_E_HEADER; /* not the range after the one before: another train */
+        if (r != NICD_OK) {
+            if (!*restored)
+                return r;
+            break;
+        }
+        if (!*restored)
+            first = seq;
+        next = seq + (uint32_t)olen;
+        ++*restored, at += w, len += olen;
+    }
+    if (!*restored)
+        return NICD_E_HEADER; /* no payload at all */
+    memcpy(out, p->ip, p->payload_off);
+    uint8_t *t = out + p->ihl;
+    t[4] = (uint8_t)(first >> 24), t[5] = (uint8_t)(first >> 16), t[6] = (uint8_t)(first >> 8), t[7] = (uint8_t)first;
+    if (at < clen) { /* a tail left off: its FIN and PSH went with it */
+        *left_off = (int)(clen - at);
+        t[13] &= (uint8_t)~(TCP_FIN | TCP_PSH);
+    }
+    finish_packet(out, len, tos);
+    return (ptrdiff_t)len;
+}
+
+int nicd_shim_version(const struct nicd_pkt *p)
+{
+    const uint8_t *c = p->ip + p->payload_off;
+    if (p->payload_len < 2 || c[0] != NICD_MAGIC)
+        return -1;
+    return c[1] >> 4;
 }
 
 /* ---- receive offload: restored packets merged (nicd_packet.h) ------------------------------- */

@@ -145,6 +145,49 @@ ptrdiff_t nicd_compress_gso_codec(const struct nicd_pkt *p, uint32_t stream_off,
                                   size_t *seg_len, int *nsegs, int max_segs, float *scratch, uint8_t *stream,
                                   size_t stream_cap, uint64_t *tiers);
 
+/*
+ * Wire format v3 (docs/wire-format.md, "Segment trains"): the compressed form of one super-packet
+ * as one segment train, a single packet whose payload the kernel's GSO cuts every gso_size bytes
+ * (and a receiver's GRO merges back). Every segment but the last is exactly gso_size bytes; each
+ * starts with a 20-byte v3 shim header and is decodable alone:
+ *   0  magic 0x49        1  version 3 | codec      2-3  head, tail, echo (as v2)
+ *   4  n (uint16 LE)     6  CRC32C of the segment's wlen bytes with this field zeroed (LE)
+ *  10  scale (as v2)    11  zero                  12  the original seq of its first byte (LE)
+ *  16  slen: the group stream's bytes (LE)       18  wlen: the segment's bytes, this header
+ *      included; after head, stream and tail, zero padding up to wlen
+ * The train's TCP seq is the original seq + NICD_V3_SEQ_OFFSET: outside any window a receiver
+ * could accept (at most 2^30), so a stack without a soft NIC drops every segment (the
+ * fail-closed mark: it survives GSO, TSO and GRO, which a wrong checksum does not). Its TCP
+ * checksum is right. A segment's wire offset in its train never exceeds its original offset.
+ */
+#define NICD_V3_VERSION 3
+#define NICD_V3_HDR_LEN 20
+#define NICD_V3_SEQ_OFFSET 0x80000000u
+
+/* Compress super-packet p into one train of segments of gso_size payload bytes (the last
+ * shorter), written to out; *nsegs gets their number (1..max_segs). Returns the train's length,
+ * NICD_NOT_SMALLER (a segment would not be smaller than the range it covers, more than max_segs
+ * segments, or gso_size leaves no room for a group), NICD_TOO_SHORT, or a negative error.
+ * `stream` and `scratch` as nicd_compress_gso_codec. */
+ptrdiff_t nicd_compress_train(const struct nicd_pkt *p, uint32_t stream_off, int codec, int error_bound,
+                              uint8_t tos, uint16_t echo, size_t gso_size, uint8_t *out, size_t cap,
+                              int *nsegs, int max_segs, float *scratch, uint8_t *stream, size_t stream_cap,
+                              uint64_t *tiers);
+
+/* Restore a train, whole or any run of its consecutive segments (what GRO merged, or one segment
+ * alone): each segment's header, padding and CRC32C checked, decoded, their original ranges
+ * joined into one packet at the first segment's original seq, ToS `tos`, lengths and checksums
+ * right. verify_csum: the packet's TCP checksum must be right (0 when the kernel says it is
+ * partial, as on a GRO-merged packet whose segments it verified). Segments after one that fails,
+ * that does not continue the range before it, or that would pass NICD_MAX_VERDICT or cap, are
+ * left off (*left_off counts them; the FIN and PSH go with them); the first failing is an error
+ * (the packet is dropped). *restored gets the segments restored. Never reads past p->len. */
+ptrdiff_t nicd_restore_train(const struct nicd_pkt *p, int verify_csum, uint8_t tos, uint8_t *out, size_t cap,
+                             float *scratch, int *restored, int *left_off);
+
+/* The shim version of a compressed packet's payload (2 or 3; not validated), or -1 if it has none. */
+int nicd_shim_version(const struct nicd_pkt *p);
+
 /* Codec 2's scale: the exponent x for v (largest finite magnitude times 2^x in [0.5, 1), clamped
  * to +-NICD_SCALE_MAX; 0 if none is finite and non-zero), and v *= 2^x on finite values only. */
 int nicd_scale_exponent(const float *v, size_t n);
@@ -191,6 +234,9 @@ void nicd_finish_merged(uint8_t *a, size_t len);
 #define NICD_OPT_LEN 16
 #define NICD_OPT_EXID 0x494E
 #define NICD_NONCE_LEN 6
+/* Bit 0 of byte 8 (whose low two bits, ECN's, are never put back): "I restore v3 segment trains".
+ * A soft NIC from before v3 writes 0 and ignores it, so old and new agree on everything else. */
+#define NICD_OPT_TRAINS 0x01
 enum { NICD_ROLE_HELLO = 1, NICD_ROLE_ANSWER = 2 };
 
 struct nicd_hello_opt {

@@ -19,7 +19,7 @@
 
 /* A socket option (or queue binding) the daemon sets; which one goes into the bit of `warned` below. */
 enum sockopt_id { OPT_QUEUE_RCVBUF, OPT_QUEUE_SNDBUF, OPT_QUEUE_NO_ENOBUFS, OPT_RAW_SNDBUF, OPT_RAW_RECVERR,
-                  OPT_RAW_RECVERR6, OPT_BIND_PF6, OPT_UID_GID };
+                  OPT_RAW_RECVERR6, OPT_BIND_PF6, OPT_UID_GID, OPT_INGRESS_GSO };
 static void sockopt_warn(enum sockopt_id which, const char *what, int e, const char *cost);
 static int sockopt(enum sockopt_id which, int fd, int level, int name, const void *v, socklen_t len,
                    const char *what, const char *cost);
@@ -95,6 +95,11 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
         fail(err, errlen, "gso: the kernel refuses NFQA_CFG_F_GSO on the egress queue", errno);
         goto out;
     }
+    /* v3: the ingress queue takes what GRO merged whole, so a train restores in one verdict;
+     * without it the kernel cuts it into its segments first, which restore one by one. */
+    if (cfg->trains && nfq_set_queue_flags(qi, NFQA_CFG_F_GSO, NFQA_CFG_F_GSO) < 0)
+        sockopt_warn(OPT_INGRESS_GSO, "NFQA_CFG_F_GSO on the ingress queue", errno,
+                     "trains are restored segment by segment, not in one verdict each");
     /* the user of a SYN's socket: the owner its flow is charged to (egress_syn) */
     if (nfq_set_queue_flags(qe, NFQA_CFG_F_UID_GID, NFQA_CFG_F_UID_GID) < 0)
         sockopt_warn(OPT_UID_GID, "NFQA_CFG_F_UID_GID on the egress queue", errno,

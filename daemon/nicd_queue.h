@@ -76,7 +76,13 @@
     X(EGRESS_RAW_VIEW_PENDING, "gso: tagged super-packets of negotiated flows sent raw because "  \
                                "conntrack had not yet said how NAT sees the flow")                \
     X(INGRESS_MERGED, "restored packets handed to TCP inside the one before them (receive "       \
-                      "offload: one packet per run of a flow's restored packets in a batch)")
+                      "offload: one packet per run of a flow's restored packets in a batch)")   \
+    X(EGRESS_TRAINS, "v3: super-packets sent compressed as one segment train in their verdict "  \
+                     "(their segments count in egress_compressed)")                              \
+    X(INGRESS_TRAIN_SEGMENTS, "v3: train segments restored (one per segment, however many "      \
+                              "GRO merged into one packet)")                                     \
+    X(DROP_TRAIN_TAIL, "v3: payload bytes left off a merged train after a segment that did not " \
+                       "restore or continue it (TCP retransmits them)")
 
 #define NICD_C_ENUM_(name, help) NICD_C_##name,
 enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };
@@ -109,6 +115,9 @@ struct nicd_config {
     uint32_t queue_maxlen;
     int accept_only;        /* diagnostic: accept every queued packet unchanged (queue cost) */
     int gso;                /* egress queue takes GSO super-packets; see nicd_compress_gso */
+    int trains;             /* wire format v3: say so in the hello, restore trains with the
+                               ingress queue taking GRO packets whole, and send trains to peers
+                               that said so (with gso) */
     volatile int stop;      /* set to 1 to make nicd_run return */
     volatile int ready;     /* set by nicd_run once both queues are bound */
 };

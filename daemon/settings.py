@@ -55,6 +55,9 @@ SETTINGS = (
             "as the fewest compressed packets that fit the path MTU; refuse to start without CAP_NET_RAW "
             "(default: gso = \"auto\", on when the daemon has CAP_NET_RAW, else per packet)",
             stats=True, c_field="gso"),
+    Setting("trains", False, "switch", "wire format v3: send each super-packet of a flow whose peer says it "
+            "restores trains as one compressed segment train in its verdict (with gso), and take GRO-merged "
+            "trains whole on ingress", stats=True, c_field="trains"),
     Setting("metrics_textfile", "", "textfile", "write the counters to PATH (*.prom, in node_exporter's textfile "
             "collector directory) every metrics_interval seconds, atomically; removed on stop", "PATH"),
     Setting("metrics_interval", 15, "int", "seconds between two writes of the metrics textfile", "SECONDS", 1, 3600),

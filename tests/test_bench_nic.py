@@ -3,7 +3,7 @@ path (gso); with --both the per-packet soft NIC, then nicd --gso with 1 and 2 qu
 (--queues 1,2), two parallel streams; real daemons, real TCP in namespaces. The figures are not asserted (they depend on the machine), the counters behind
 them are: super-packets compressed, no drop, fewer wire packets than per packet, every stream's
 bytes counted, daemon CPU per GB measured at each end, one count per queue. Bad arguments give
-one line."""
+one line. With --trains, wire format v2 and v3 side by side."""
 from __future__ import annotations
 
 import json
@@ -68,6 +68,24 @@ def test_both_paths_gso_with_one_and_two_queues(no_leaks, capsys):
         assert len(g["sender_queue_packets"]) == g["queues"] and sum(g["sender_queue_packets"]) > 0
         assert g["packets"] < 0.6 * link["nic_packets"], (g["packets"], link["nic_packets"])
     assert link["gso"] == link["gso_runs"][0]["gbps_median"]
+
+
+@needs_root
+def test_trains_beside_v2(no_leaks, capsys):
+    """--trains: the gso stream without and with nicd --trains in turn (wire format v2 against
+    v3): trains sent only by the v3 daemons, every byte counted, no drop, both compressed."""
+    from inceptionn.cli import main
+    rc = main(["bench", "nic", "--links", "unshaped@1500", "--trains", "--rounds", "1", "--megabytes", "1",
+               "--captures", "2", "--json"])
+    assert rc == 0
+    link = json.loads(capsys.readouterr().out)["links"][0]
+    v2, v3 = link["trains_ab"]["v2"], link["trains_ab"]["v3"]
+    assert v2["trains"] is False and v3["trains"] is True
+    assert v2["trains_sent"] == 0 < v3["trains_sent"] <= v3["super_packets"], (v2, v3)
+    for g in (v2, v3):
+        assert g["bytes"] == link["bytes"] and g["gbps"][0] > 0 and g["drops"] == {}, g
+        assert g["super_packets"] > 0 and g["ratio"] > 3 and g["send_errors"] == 0, g
+        assert g["sender_s_per_gb"] > 0 and g["receiver_s_per_gb"] > 0
 
 
 @needs_root

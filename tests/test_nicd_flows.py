@@ -456,7 +456,7 @@ def test_every_setting_the_c_loop_reads_has_its_field():
     fields = dict(ffi.typeof("struct nicd_config").fields)
     wanted = {s.c_field for s in SETTINGS if s.c_field}
     assert wanted == {"tos_tagged", "tos_scaled", "tos_compressed", "tos_hello", "error_bound", "queue_maxlen",
-                      "accept_only", "gso"}
+                      "accept_only", "gso", "trains"}
     assert wanted <= set(fields)
 
 

@@ -25,6 +25,8 @@ from test_nicd import (DROPS, INC, add_counting_rule, assert_restored_or_raw, as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
 
+from test_nicd_v3 import kernel_log_stays_clean  # noqa: E402,F401 (autouse: rule 7, no new kernel WARN or BUG)
+
 
 
 def super_packet(payload: bytes, seq: int, flags: int) -> bytes:
