@@ -106,7 +106,7 @@ build/fuzz_nicd_packet: daemon/fuzz/fuzz_nicd_packet.c daemon/nicd_packet.c daem
 	clang $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 
 # Wire format v3: the segment train parser and restore, and the train transform.
-build/fuzz_nicd_train: daemon/fuzz/fuzz_nicd_train.c daemon/nicd_packet.c daemon/nicd_packet.h shim/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
+build/fuzz_nicd_train: daemon/fuzz/fuzz_nicd_train.c daemon/nicd_packet.c daemon/nicd_packet.h inceptionn/inceptionn_contract.h $(CODEC_SRC) $(CODEC_HDR)
 	@mkdir -p build
 	clang $(CFLAGS_CHECK) -Idaemon -Ishim -fsanitize=fuzzer $(SANITIZE) $< daemon/nicd_packet.c $(CODEC_SRC) -o $@
 
