@@ -316,7 +316,7 @@ def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = 
 
     from ..codecs import applicable, get_codec
     from ..collective._engine import ffi, lib
-    from ..collective.engine import _thc_state
+    from ..collective.engine import _c_codec
 
     row = next((r for r in rows if r.codec == "thc" and r.ef), None)
     if row is None:
@@ -336,8 +336,7 @@ def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = 
 
         def rank(r):
             c = ffi.new("struct re_codec *")
-            state = _thc_state(codecs[r], ranks)
-            lib.re_codec_thc(c, state)
+            state = _c_codec(c, codecs[r], "app", False, ranks)   # THC's C ring codec, from the table
             ring = ffi.new("struct re_ring *")
             ring.rank, ring.size, ring.chunk, ring.timeout_ms = r, ranks, n, 600_000
             ring.send_fd, ring.recv_fd = pairs[r][0].fileno(), pairs[(r - 1) % ranks][1].fileno()
