@@ -303,9 +303,16 @@ def speed(rows: list[Row], g: Gradients, blobs: dict, rounds: int, seed: int) ->
 
 # --- training accuracy ----------------------------------------------------------------------------------
 
-def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = WORKERS) -> dict | None:
-    """THC's codec time per call in the ring engine (collective/ring_engine.c, the C Group.allreduce
-    runs, summed without decoding, error feedback on): ``ranks`` ranks as threads over socket pairs
+def summed_in_ring(row: Row) -> bool:
+    """Whether the ring engine sums this row's streams without decoding (its codec's trait)."""
+    from ..codecs import table
+    return row.ef and table.description(row.codec) is not None and table.traits(row.codec)["c_summed"]
+
+
+def summed_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = WORKERS) -> dict | None:
+    """The first error-feedback row whose codec the ring sums without decoding (trait ``c_summed``:
+    THC today): its codec time per call in the ring engine (collective/ring_engine.c, the C
+    Group.allreduce runs): ``ranks`` ranks as threads over socket pairs
     on this host, each allreducing one capture (rank r: capture k + r) per call, the whole gradient
     one block per rank as Group runs THC. Per call and rank: the thread CPU seconds of the whole call
     and the engine's codec + sum seconds (wall, struct re_stats); medians over ranks and calls, with
@@ -318,7 +325,7 @@ def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = 
     from ..collective._engine import ffi, lib
     from ..collective.engine import _c_codec
 
-    row = next((r for r in rows if r.codec == "thc" and r.ef), None)
+    row = next((r for r in rows if summed_in_ring(r)), None)
     if row is None:
         return None
     n = g.params
@@ -328,15 +335,16 @@ def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = 
         # one rotation for every rank (the codec's seed, the call as its round), each its own noise
         codecs = [get_codec(row.codec, **{**applicable(row.codec, seed=seed, noise_seed=seed + 1000 * call + r),
                                           **row.params}) for r in range(ranks)]
-        shared = max(c.local_stat(x) for c, x in zip(codecs, xs))
-        for c in codecs:
-            c.agree(shared, call)
+        if codecs[0].needs_agreement:
+            shared = max(c.local_stat(x) for c, x in zip(codecs, xs))
+            for c in codecs:
+                c.agree(shared, call)
         pairs = [socket.socketpair() for _ in range(ranks)]
         keep, results = [], [None] * ranks
 
         def rank(r):
             c = ffi.new("struct re_codec *")
-            state = _c_codec(c, codecs[r], "app", False, ranks)   # THC's C ring codec, from the table
+            state = _c_codec(c, codecs[r], "app", False, ranks)   # the codec's C ring codec, from the table
             ring = ffi.new("struct re_ring *")
             ring.rank, ring.size, ring.chunk, ring.timeout_ms = r, ranks, n, 600_000
             ring.send_fd, ring.recv_fd = pairs[r][0].fileno(), pairs[(r - 1) % ranks][1].fileno()
@@ -360,7 +368,7 @@ def thc_ring(rows: list[Row], g: Gradients, calls: int, seed: int, ranks: int = 
             b.close()
         for st, c_cpu, c_codec, _, msg in results:
             if st != 0:
-                raise RuntimeError(f"THC ring: {msg}")
+                raise RuntimeError(f"{row.label} in the ring: {msg}")
             cpu.append(c_cpu)
             codec_s.append(c_codec)
         exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
@@ -456,9 +464,9 @@ def run(args) -> int:
     times = speed(rows, g, blobs, args.rounds, args.seed)
     blobs.clear()
     ring = None
-    if any(r.codec == "thc" and r.ef for r in rows):
-        log(f"THC in the ring engine: {WORKERS} ranks on this host, {args.rounds} calls ...")
-        ring = thc_ring(rows, g, args.rounds, args.seed)
+    if any(summed_in_ring(r) for r in rows):
+        log(f"the summed codec in the ring engine: {WORKERS} ranks on this host, {args.rounds} calls ...")
+        ring = summed_ring(rows, g, args.rounds, args.seed)
     train = training(rows, args) if args.train_epochs else None
     report = {
         "gradients": {"dataset": g.dataset, "captures": len(g.grads), "params": g.params, "values": g.values,
@@ -467,7 +475,7 @@ def run(args) -> int:
         "load_average": list(load0), "load_average_end": list(os.getloadavg()),
         "block": int(g.bs.block),
         "rows": build_rows(rows, qual, times, train),
-        "thc_ring": ring,
+        "summed_ring": ring,
         "training": train,
     }
     if args.json:

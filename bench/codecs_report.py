@@ -98,10 +98,10 @@ def print_report(report: dict) -> None:
     print("GB/s: as the row runs (encode with error feedback for EF rows; INCEPTIONN scaled: the wire transform and "
           "the codec, and back), C paths through the Python API; decode of the blobs the row produced; float32 row: "
           "memcpy.")
-    ring = report.get("thc_ring")
+    ring = report.get("summed_ring")
     if ring:
         c, t = ring["codec_seconds"], ring["call_cpu_seconds"]
-        print(f"THC in the ring ({ring['row']}, the C engine Group.allreduce runs, summed without decoding, error "
+        print(f"Summed in the ring ({ring['row']}, the C engine Group.allreduce runs, summed without decoding, error "
               f"feedback on): {ring['ranks']} ranks as threads on this host, {ring['values']:,} values per call, "
               f"{ring['calls']} calls; per call and rank: codec + sum {1e3 * c['median']:.1f} ms "
               f"[{1e3 * c['min']:.1f}-{1e3 * c['max']:.1f}] (the engine's stats, wall), whole call "

@@ -66,7 +66,7 @@ def test_every_row_has_sane_numbers(report):
     assert rows["inc-scaled"]["nmse"] < rows["inc-raw"]["nmse"] / 100
     # THC in the ring engine, 4 ranks summed without decoding: its codec time is reported (no bound on
     # it: speed is shown, not asserted) and the sum of 4 real gradients is close to the exact one
-    ring = report["thc_ring"]
+    ring = report["summed_ring"]
     assert (ring["row"], ring["ranks"], ring["values"], ring["calls"]) == ("thc-nonuniform", 4, 789010, 1)
     for key in ("codec_seconds", "call_cpu_seconds"):
         assert 0 < ring[key]["min"] <= ring[key]["median"] <= ring[key]["max"], ring
