@@ -45,7 +45,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/inceptionn demo
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/inceptionn bench codec
+	$(VENV)/bin/inceptionn bench tiers
 
 test: $(VENV)/.installed $(CODEC_UNIT_TESTS) $(FUZZ_TARGETS) test-portable
 	$(VENV)/bin/pytest -q --durations=30 tests

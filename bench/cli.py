@@ -7,7 +7,7 @@ import importlib
 
 # (subcommand, module) in --help order
 BENCHMARKS = [
-    ("codec", "codec"),          # INCEPTIONN codec speed and tiers
+    ("tiers", "tiers"),          # the INCEPTIONN codec: speed and bitwidth tiers
     ("codecs", "codecs"),        # all five codecs side by side
     ("nic", "nic"),              # soft NIC goodput
     ("allreduce", "allreduce"),  # ring vs gloo vs MPI

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import UserError
-from .codec import cpu_name
+from .timing import cpu_name
 from .codecs_report import LAST_EPOCHS, build_rows, print_report
 
 WORKERS = 4          # workers of the default training testbed

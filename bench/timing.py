@@ -33,3 +33,15 @@ def interleaved(variants: dict, rounds: int, progress=None) -> dict[str, Timing]
         if progress:
             progress(f"round {r + 1}/{rounds}")
     return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name, for a report's header ("unknown" where /proc/cpuinfo says none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"

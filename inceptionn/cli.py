@@ -21,7 +21,7 @@ from .errors import UserError
 # Modules whose register(subparsers) adds top-level subcommands, in --help order.
 COMMAND_MODULES = [
     "inceptionn.demo",           # demo
-    "inceptionn.bench.cli",      # bench codec, ...
+    "inceptionn.bench.cli",      # bench tiers, ...
     "inceptionn.kernel_tc.cli",  # link, testbed
     "inceptionn.daemon.cli",     # nicd, stats
     "inceptionn.shim.cli",       # run, mpirun

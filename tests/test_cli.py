@@ -66,7 +66,7 @@ ARGPARSE_ERRORS = [
     (["nicd", "--tos", "40x"], ["argument --tos", "'40x'", "(see inceptionn nicd --help)"]),
     (["nicd", "--check", "--queues", "two"], ["--queues", "expected a whole number", "inceptionn nicd --help"]),
     (["link", "eth0", "--rate", "100", "mbit"], ["unrecognized arguments: mbit", "(see inceptionn link --help)"]),
-    (["bench", "codec", "--bogus"], ["--bogus", "(see inceptionn bench codec --help)"]),
+    (["bench", "tiers", "--bogus"], ["--bogus", "(see inceptionn bench tiers --help)"]),
     (["bench"], ["BENCH", "(see inceptionn bench --help)"]),
     (["testbed", "up"], ["--hosts", "(see inceptionn testbed up --help)"]),
     (["train", "--hosts", "x"], ["expected a whole number, got 'x'", "(see inceptionn train --help)"]),
@@ -111,7 +111,7 @@ def test_help_texts_plain_with_descriptions_and_defaults():
                 assert "default" in a.help, f"{p.prog} {a.option_strings[-1]}: default {a.default!r} not said"
             if "--json" in a.option_strings:
                 assert "-j" in a.option_strings, f"{p.prog} --json has no -j"
-    assert {"inceptionn bench codec", "inceptionn testbed up", "inceptionn nicd", "inceptionn train"} <= set(seen)
+    assert {"inceptionn bench tiers", "inceptionn testbed up", "inceptionn nicd", "inceptionn train"} <= set(seen)
 
 
 # --- nicd --check and a flag for every config key ---------------------------------------------------

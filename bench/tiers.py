@@ -1,4 +1,4 @@
-"""``inceptionn bench codec``: the INCEPTIONN codec on real gradients.
+"""``inceptionn bench tiers``: the INCEPTIONN codec on real gradients, its speed and its bitwidth tiers.
 
 1. Encode and decode GB/s of float32 input for the scalar C path, the AVX2 path and the numpy
    reference, with memcpy of the same bytes measured in the same rounds.
@@ -22,13 +22,13 @@ from ..codecs.inceptionn import have_avx2, max_encoded_size
 from ..collective.scaling import scaled_copy
 from ..errors import UserError
 from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
-from .timing import interleaved
+from .timing import cpu_name, interleaved
 
 PAPER_TARGET_GBPS = 3.2  # one 256-bit burst per 100 MHz cycle (INCEPTIONN Sec. VI)
 
 
 def log(msg: str) -> None:
-    print(f"[bench codec] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench tiers] {msg}", file=sys.stderr, flush=True)
 
 
 def load_gradients(data, captures: int, seed: int) -> tuple[np.ndarray, list[np.ndarray], str]:
@@ -118,17 +118,6 @@ def print_report(r: dict) -> None:
           f"sum over {r['workers']} workers below 1.0 (what the collective did before wire format v2); NMSE of the "
           f"unscaled result.")
     print("Paper (Table III): 75-94% of values 0bit at 2^-10, over 90% at 2^-6; ratio up to 14.9x at 2^-6.")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def run(args) -> int:
