@@ -230,7 +230,7 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
                                      "min_count": 1000,
                                      "error_bound": -12, "error_feedback": True, "iface": str(tb.network), "log": False,
                                      "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi",
-                                     "choose": "auto"}
+                                     "choose": "auto", "headroom": 0}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
