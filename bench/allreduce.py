@@ -67,6 +67,21 @@ RING_COMPRESSED = ("ring-app", "ring-nic", "ring-gso", "mpi-nic", "mpi-app")   #
 CHUNK_VALUES = 65536     # the ring's pipeline chunk: Group's default chunk_bytes / 4, the library's INCEPTIONN_MPI_CHUNK
 GLOO_PORT = 29511
 PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
+HEADROOM_IMPLS = ("ring-app", "ring-nic", "ring-gso", "ring-notag")   # the Group's rings take --headroom
+
+
+def split_label(label: str) -> tuple[str, int]:
+    """A row's label -> (impl, headroom): ``ring-app/h2`` is ring-app at headroom 2."""
+    impl, _, h = label.partition("/h")
+    return impl, int(h) if h else 0
+
+
+def expand_headrooms(impls: list[str], headrooms: list[int]) -> list[str]:
+    """Each compressing ring once per headroom (label ``impl/hN`` beside h=0's plain name)."""
+    out = []
+    for i in impls:
+        out += [i if h == 0 else f"{i}/h{h}" for h in headrooms] if i in HEADROOM_IMPLS else [i]
+    return out
 
 
 def log(msg: str) -> None:
@@ -103,11 +118,12 @@ def json_objects(text: str) -> list[dict]:
     return objs
 
 
-def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeout: float,
+def run_impl(tb: Testbed, label: str, world: int, workdir: str, reps: int, timeout: float,
              error_bound: int, counts: list[int] | None = None) -> dict:
     """One run of ``impl``: seconds per rep (the slowest rank's) and the NMSE of one reduction;
     with ``counts`` (MPI only) seconds per rep for each count instead, the library taking every
     count (--allreduce-min-count 1)."""
+    impl, headroom = split_label(label)
     hosts = tb.hosts[:world]
     store = os.path.join(workdir, "store")
     shutil.rmtree(store, ignore_errors=True)
@@ -126,7 +142,8 @@ def run_impl(tb: Testbed, impl: str, world: int, workdir: str, reps: int, timeou
     else:
         env = dict(os.environ, GLOO_SOCKET_IFNAME=hosts[0].ifname)
         procs = [h.popen(PEER + [impl, str(rank), str(world), workdir, str(reps),
-                                 "--master", f"{hosts[0].ip}:{GLOO_PORT}", "--error-bound", str(error_bound)],
+                                 "--master", f"{hosts[0].ip}:{GLOO_PORT}", "--error-bound", str(error_bound),
+                                 "--headroom", str(headroom)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for rank, h in enumerate(hosts)]
         outs, errors = [], []
@@ -173,7 +190,7 @@ class _RankFiles:
         return self.x[r][a:b]
 
 
-def compression(workdir: str, world: int, error_bound: int) -> dict:
+def compression(workdir: str, world: int, error_bound: int, headrooms=(0,)) -> dict:
     """The compressing ring's compression on the inputs in ``workdir``, one call at ``error_bound``:
     ``v2`` the ring as it runs (wire format v2: a power of two per block of 256 values at every
     hop) and ``v1`` the ring before issue 29 (one power of two per 65,536 values, agreed so that
@@ -186,9 +203,9 @@ def compression(workdir: str, world: int, error_bound: int) -> dict:
     from .scale import run_one
     x, ref = _RankFiles(workdir, world), np.load(os.path.join(workdir, "exact.npy"))
     out = {}
-    for key, variant in (("v2", "after"), ("v1", "before")):
+    for key, variant, h in [("v2", "after", 0), ("v1", "before", 0)] + [(f"v2/h{h}", "after", h) for h in headrooms if h]:
         row = run_one(x, world, "inceptionn", variant, error_bound=error_bound, chunk=CHUNK_VALUES,
-                      block=BLOCK_VALUES, ref=ref, seed=0)
+                      block=BLOCK_VALUES, ref=ref, seed=0, headroom=h)
         out[key] = {k: row[k] for k in ("ratio", "nmse", "codec_bytes", "payloads", "exponent_share")}
     del out["v1"]["exponent_share"]
     out["float32_bytes"] = 4 * x.n * 2 * (world - 1)     # every value crosses 2(N-1) links over the ring
@@ -221,7 +238,7 @@ def bench_testbed(rate: str, hosts: int, mtu: int, error_bound: int):
 
 def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hosts: list[int],
             scale_size: int, rounds: int, reps: int, mtu: int, error_bound: int,
-            captures: list[np.ndarray]) -> dict:
+            captures: list[np.ndarray], headrooms=(0,)) -> dict:
     rate_bps = parse_rate(rate)
     hosts = max([world, *scale_hosts])
     res = {"rate": format_rate(rate_bps), "mtu": mtu, "world": world, "sizes": {}, "scaling": {}, "compression": {}}
@@ -232,16 +249,16 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             workdir = os.path.join(tmp, f"{section}-{size}-{n}")
             os.makedirs(workdir)
             write_inputs(workdir, n, size * 2**20, captures)
-            if section == "sizes" and set(which) & set(RING_COMPRESSED):
+            if section == "sizes" and {split_label(i)[0] for i in which} & set(RING_COMPRESSED):
                 log(f"{size} MiB x {n} hosts: the compressing ring's ratio, wire format v2 and v1, simulated ...")
-                res["compression"][str(size)] = compression(workdir, n, error_bound)
+                res["compression"][str(size)] = compression(workdir, n, error_bound, headrooms)
             # the raw transfer time of 2(N-1)/N of the data, doubled, plus slack
             timeout = 120 + 8 * (reps + 1) * 2 * size * 2**20 * 8 / rate_bps * (2 if n > 4 else 1)
             row = {impl: {"seconds": [], "nmse": None} for impl in which}
             for r in range(rounds):
                 for impl in which:
                     log(f"{res['rate']} {size} MiB x {n} hosts round {r + 1}/{rounds}: {impl} ...")
-                    daemons(impl in GSO_IMPLS)
+                    daemons(split_label(impl)[0] in GSO_IMPLS)
                     c0 = nic_counters()
                     got = run_impl(tb, impl, n, workdir, reps, timeout, error_bound)
                     row[impl]["seconds"] += got["seconds"]
@@ -329,7 +346,9 @@ def compression_line(c: dict, bound: int, app: dict | None) -> str:
             f"{v2['ratio']:.2f}x (NMSE {v2['nmse']:.2e}; exponents {100 * v2['exponent_share']:.1f}% of the wire), "
             f"before #29 (wire format v1) {v1['ratio']:.2f}x (NMSE {v1['nmse']:.2e})")
     m = measured_ratio(c, app)
-    return line + (f"; ring-app measured {m:.2f}x with its frame lengths" if m else "")
+    line += f"; ring-app measured {m:.2f}x with its frame lengths" if m else ""
+    hs = [f"h={k[4:]} {v['ratio']:.2f}x (NMSE {v['nmse']:.2e})" for k, v in c.items() if k.startswith("v2/h")]
+    return line + ("; at headroom " + ", ".join(hs) if hs else "")
 
 
 def print_report(r: dict) -> None:
@@ -350,7 +369,7 @@ def print_report(r: dict) -> None:
             lossy = [f"{i} {row[i]['nmse']:.2e}" for i in r["impls"] if row[i]["nmse"] and i != lead]
             if lossy:   # the float32 paths' error is zero or rounding
                 print(f"{'':>5}  NMSE of one reduction: " + ", ".join(lossy))
-            ours = [i for i in ("ring-app", "ring-nic", "ring-gso", "mpi-nic", "mpi-app") if i in row]
+            ours = [i for i in row if split_label(i)[0] in RING_COMPRESSED]
             for peer in ("gloo",) + HOOKS:  # every compressing ring against gloo and DDP's hooks
                 vs = [f"{i} {row[peer]['median'] / row[i]['median']:.2f}x" for i in ours]
                 if peer in row and vs:
@@ -398,6 +417,12 @@ def run(args) -> int:
     for i in impls:
         if i not in IMPLS + EXTRA_IMPLS:
             raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS + EXTRA_IMPLS)}")
+    headrooms = _csv(args.headroom, "headroom", int)
+    if not headrooms or any(not 0 <= h <= 24 for h in headrooms) or len(set(headrooms)) != len(headrooms):
+        raise UserError("--headroom: distinct integers in 0..24 (bits of precision the scaling gives up)")
+    if headrooms != [0] and args.sweep:
+        raise UserError("--headroom goes with the size runs, not --sweep")
+    impls = expand_headrooms(impls, headrooms)
     if args.sweep and set(impls) - set(MPI_IMPLS):
         raise UserError(f"--sweep measures MPI_Allreduce only: --impls from {', '.join(MPI_IMPLS)}")
     counts = _csv(args.counts, "counts", int) if args.counts else list(SWEEP_COUNTS)
@@ -438,7 +463,7 @@ def run(args) -> int:
                                  list(captures))
         else:
             link = measure(rate, sizes, impls, args.hosts, scale_hosts if i == 0 else [], args.scale_size,
-                           args.rounds, reps, args.mtu, args.error_bound, list(captures))
+                           args.rounds, reps, args.mtu, args.error_bound, list(captures), headrooms)
         report["links"].append(link)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -466,6 +491,9 @@ def add_arguments(p) -> None:
                    f"{','.join(map(str, SWEEP_COUNTS))})")
     p.add_argument("--mtu", type=int, default=9000, help="link MTU (default 9000)")
     p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND, help=f"soft NIC error bound exponent (default {DEFAULT_ERROR_BOUND})")
+    p.add_argument("--headroom", default="0", help="comma-separated headrooms h of the Group's compressing rings "
+                   f"({', '.join(HEADROOM_IMPLS)}): each block's max scaled into [2^(-1-h), 2^-h), h bits of "
+                   "precision given up for ratio; each h is a row of its own, ring-app/h2 (default 0)")
     p.add_argument("--data", metavar="PATH", help="MNIST to capture gradients on (default: digits)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split and the captured gradients (default 0)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")

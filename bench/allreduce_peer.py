@@ -2,7 +2,7 @@
 gradient file and prints one JSON line. Run by the benchmark inside a testbed host:
 
     python -m inceptionn.bench.allreduce_peer IMPL RANK WORLD WORKDIR REPS [--master ADDR:PORT]
-                                              [--error-bound K] [--counts N,N,...]
+                                              [--error-bound K] [--headroom H] [--counts N,N,...]
 
 IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
 soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemons with gso),
@@ -48,6 +48,7 @@ def main(argv: list[str]) -> int:
     master = argv[argv.index("--master") + 1] if "--master" in argv else None
     error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else DEFAULT_ERROR_BOUND
     counts = [int(c) for c in argv[argv.index("--counts") + 1].split(",")] if "--counts" in argv else None
+    headroom = int(argv[argv.index("--headroom") + 1]) if "--headroom" in argv else 0
     comm = dist = group = None
     if impl.startswith("mpi"):
         from mpi4py import MPI
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
         compress = {"ring": None, "wa": None, "ring-app": "app"}.get(impl, "nic")
         group = Group(rank, world, FileStore(os.path.join(workdir, "store")), compress=compress,
                       codec=get_codec("inceptionn", error_bound=error_bound), prefix=f"bench-{impl}",
-                      tag=impl != "ring-notag")
+                      tag=impl != "ring-notag", headroom=headroom)
         if impl in ("wa", "wa-nic"):
             op = lambda: buf.__setitem__(slice(None), group.wa_step(buf, lambda s: s))  # noqa: E731
         else:

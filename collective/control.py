@@ -24,8 +24,8 @@ _OP_NAMES = {OP_BARRIER: "barrier", OP_REDUCE: "control_allreduce", OP_ALLREDUCE
              OP_AGREE: "codec agreement", OP_VERIFY: "verify", OP_WA: "wa_step", OP_BCAST: "broadcast"}
 _META_NAMES = {
     OP_REDUCE: ("op", "count"),
-    OP_ALLREDUCE: ("n", "compress", "codec", "chunk_values", "wire"),
-    OP_WA: ("aggregator", "compress", "codec", "chunk_values", "wire"),
+    OP_ALLREDUCE: ("n", "compress", "codec", "chunk_values", "wire", "headroom"),
+    OP_WA: ("aggregator", "compress", "codec", "chunk_values", "wire", "headroom"),
     OP_BCAST: ("root", "count"),
 }
 MODE_CODE = {"raw": 0, "nic": 1, "app": 2}

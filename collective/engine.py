@@ -16,6 +16,7 @@ import socket
 
 import numpy as np
 
+from ..codecs.blockscale import HEADROOM
 from ._engine import ffi, lib
 from .ring import WireError, scaling_bound
 from .stats import Timers
@@ -146,7 +147,7 @@ class _PythonCodec:
 
 def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv: Conn, chunk_values: int,
                    mode: str, codec=None, sink=None, timers: Timers | None = None, scaled: bool = False,
-                   timeout: float | None = None) -> None:
+                   headroom: int = HEADROOM, timeout: float | None = None) -> None:
     """Sum ``work`` (float32, 1-D, contiguous: Group refuses another ``out``) over the ring in
     place; ``sink.lost`` gets sent - decoded (error feedback; the caller compensated ``work``
     already)."""
@@ -162,6 +163,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
             c.error_bound = scaling_bound(codec)
     r = ffi.new("struct re_ring *")
     r.rank, r.size, r.chunk = rank, world, chunk_values
+    r.headroom = headroom if scaled else HEADROOM
     r.send_fd, r.recv_fd = send.sock.fileno(), recv.sock.fileno()
     r.timeout_ms = -1 if timeout is None else max(1, math.ceil(timeout * 1000))
     r.tp = lib.re_transport_named(mode.encode())

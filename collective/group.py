@@ -21,7 +21,8 @@ The whole API, its options and guarantees: docs/collectives.md. In short:
   sockets tagged for the soft NIC, ``"app"`` runs any codec inside the collective, ``None`` sends
   plain float32. The result is bit-identical on every rank.
 - ``scaling`` and ``error_feedback`` default to what the codec's traits ask for; True/False
-  force them. Pass ``key`` when reducing several tensors of equal length.
+  force them. ``headroom`` (0..24, default 0) is the precision the per-block scaling gives up
+  for a higher compression ratio (docs/collectives.md, "Headroom"); ranks must agree on it. Pass ``key`` when reducing several tensors of equal length.
 - ``barrier``, ``max_scalar``, ``sum_scalar``, ``control_allreduce`` and ``broadcast`` run on the
   untagged control plane (control.py); ``stats`` (stats.py), ``connections()`` and
   ``error_feedback`` are there to look inside.
@@ -38,6 +39,7 @@ import numpy as np
 
 from ..codecs import Codec, ErrorFeedback, get_codec
 from ..codecs.base import check_vector
+from ..codecs.blockscale import HEADROOM, MAX_HEADROOM
 from . import scaling as sc
 from .rendezvous import (MPIExchange, TorchExchange, default_bind_addr, entry, group_key, make_exchange,
                          resolve_secret)
@@ -53,6 +55,14 @@ from .wa import aggregate, broadcast_weights, worker_receive_weights, worker_sen
 __all__ = ["Group", "CallStats", "GroupStats"]
 
 _DEFAULT = object()
+def check_headroom(h) -> int:
+    """``h`` as the headroom of the per-block scaling, or ValueError saying what it may be."""
+    if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h <= MAX_HEADROOM:
+        raise ValueError(f"headroom must be an integer in 0..{MAX_HEADROOM} (the bits of precision each block of "
+                         f"the scaled wire gives up for compression; 0 the most precise), got {h!r}")
+    return int(h)
+
+
 def _check_rank(rank, world) -> tuple[int, int]:
     for name, v in (("rank", rank), ("world", world)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -71,7 +81,7 @@ class Group:
                  tag: bool = True, tos: int = GRADIENT_TOS, chunk_bytes: int = 256 * 1024,
                  bucket_values: int = sc.BUCKET_VALUES, codec: Codec | str | None = None,
                  compress: str | None = "nic", verify: str = "first", timeout: float | None = 300.0,
-                 prefix: str = "inceptionn", secret: bytes | None = None):
+                 prefix: str = "inceptionn", secret: bytes | None = None, headroom: int = HEADROOM):
         self.rank, self.world = _check_rank(rank, world)
         if store is None and self.world > 1:
             raise ValueError("a group of more than one rank needs a store (set/get), or use "
@@ -84,6 +94,7 @@ class Group:
             raise ValueError(f"bucket_values must be a positive integer, got {bucket_values!r}")
         if verify not in ("first", "always", "never"):
             raise ValueError(f"verify must be 'first', 'always' or 'never', got {verify!r}")
+        self.headroom = check_headroom(headroom)
         self.tag, self.tos = bool(tag), int(tos)
         self.chunk_values = chunk_bytes // 4
         self.bucket_values = bucket_values
@@ -253,6 +264,11 @@ class Group:
             raise ValueError("error_feedback needs a lossy path: compress='nic' or 'app'")
         return s, e
 
+    def _call_headroom(self, headroom, scale_on: bool) -> int:
+        """The call's headroom (the Group's unless given); 0 on an unscaled wire, which has none."""
+        h = self.headroom if headroom is None else check_headroom(headroom)
+        return h if scale_on else 0
+
     def _chunk(self, mode: str, codec, n: int) -> int:
         """Per-value codecs may be cut into pipeline chunks anywhere; the others see one whole ring
         block (or the whole gradient in WA) per encode, their per-tensor unit."""
@@ -311,18 +327,19 @@ class Group:
 
     def allreduce(self, x: np.ndarray, *, compress=_DEFAULT, codec=None, scaling: bool | None = None,
                   error_feedback: bool | None = None, key=None, out: np.ndarray | None = None,
-                  average: bool = False, verify: bool | None = None) -> np.ndarray:
+                  average: bool = False, verify: bool | None = None, headroom: int | None = None) -> np.ndarray:
         """Sum of ``x`` over all ranks, bit-identical on every rank (see the module docstring)."""
         self._check_usable()
         x = check_vector(x)
         mode = self.compress if compress is _DEFAULT else self._mode(compress)
         cod = self._call_codec(mode, codec)
         scale_on, ef_on = self._switches(mode, cod, scaling, error_feedback)
+        h = self._call_headroom(headroom, scale_on)
         work = self._output(out, x.size)
         do_verify = (verify if verify is not None else
                      self.verify == "always" or (self.verify == "first" and mode == "nic" and not self._verified))
         efkey = ("allreduce", x.size if key is None else key) if ef_on else None
-        return self._guard(self._allreduce, x, work, mode, cod, scale_on, efkey, bool(average), bool(do_verify))
+        return self._guard(self._allreduce, x, work, mode, cod, scale_on, h, efkey, bool(average), bool(do_verify))
 
     def _pipeline(self, op: str, n: int, mode: str, cod, efkey) -> Pipeline:
         self._calls += 1
@@ -330,7 +347,7 @@ class Group:
                         efkey=efkey, round_no=self._calls, stats=self.stats,
                         counters=self.counters)
 
-    def _allreduce(self, x, work, mode, cod, scale_on, efkey, average, do_verify) -> np.ndarray:
+    def _allreduce(self, x, work, mode, cod, scale_on, h, efkey, average, do_verify) -> np.ndarray:
         n = x.size
         with self._pipeline("allreduce", n, mode, cod, efkey) as p:
             if self.world == 1:
@@ -338,7 +355,7 @@ class Group:
                     work[:] = x
                 return work
             p.compensate(x, work)
-            meta = [n, MODE_CODE[mode], codec_id(cod), self.chunk_values, wire_format(scale_on)]
+            meta = [n, MODE_CODE[mode], codec_id(cod), self.chunk_values, wire_format(scale_on), h]
             p.control(OP_ALLREDUCE, meta)
             p.agree_codec(work)
             sink = p.sink(n)
@@ -348,7 +365,7 @@ class Group:
                 recv = self._incoming(kind, (self.rank - 1) % self.world)
                 args = dict(rank=self.rank, world=self.world, send=send, recv=recv,
                             chunk_values=self._chunk(mode, cod, n), mode=mode, codec=cod, sink=sink,
-                            timers=p.timers, scaled=scale_on)
+                            timers=p.timers, scaled=scale_on, headroom=h)
                 with p.call.timing("exchange_seconds"):     # the C ring engine
                     engine.ring_allreduce(work, timeout=self.timeout, **args)
             p.remember(sink)
@@ -370,7 +387,8 @@ class Group:
     # --- worker-aggregator ---------------------------------------------------------------------
 
     def wa_step(self, grad: np.ndarray | None, update_fn=None, *, aggregator: int = 0, compress=_DEFAULT,
-                codec=None, scaling: bool | None = None, error_feedback: bool | None = None, key=None) -> np.ndarray:
+                codec=None, scaling: bool | None = None, error_feedback: bool | None = None, key=None,
+                headroom: int | None = None) -> np.ndarray:
         """One WA exchange: gradients to ``aggregator``, weights back (see the module docstring)."""
         self._check_usable()
         if isinstance(aggregator, bool) or not isinstance(aggregator, int) or not 0 <= aggregator < self.world:
@@ -384,13 +402,14 @@ class Group:
         mode = self.compress if compress is _DEFAULT else self._mode(compress)
         cod = self._call_codec(mode, codec)
         scale_on, ef_on = self._switches(mode, cod, scaling, error_feedback)
+        h = self._call_headroom(headroom, scale_on)
         efkey = ("wa", (x.size if x is not None else -1) if key is None else key) if ef_on and not is_agg else None
-        return self._guard(self._wa_step, x, update_fn, aggregator, mode, cod, scale_on, efkey)
+        return self._guard(self._wa_step, x, update_fn, aggregator, mode, cod, scale_on, h, efkey)
 
-    def _wa_step(self, x, update_fn, aggregator, mode, cod, scale_on, efkey) -> np.ndarray:
+    def _wa_step(self, x, update_fn, aggregator, mode, cod, scale_on, h, efkey) -> np.ndarray:
         is_agg = self.rank == aggregator
         with self._pipeline("wa_step", x.size if x is not None else 0, mode, cod, efkey) as p:
-            meta = [aggregator, MODE_CODE[mode], codec_id(cod), self.chunk_values, wire_format(scale_on)]
+            meta = [aggregator, MODE_CODE[mode], codec_id(cod), self.chunk_values, wire_format(scale_on), h]
             nn = [x.size, -x.size] if x is not None else [-1.0, -np.inf]
             v = p.control(OP_WA, meta, nn)
             n = int(v[0])
@@ -411,7 +430,7 @@ class Group:
                 sink = p.sink(n)
                 with p.call.timing("exchange_seconds"):
                     worker_send(work, conn, chunk_values=chunk, mode=mode, codec=cod, sink=sink, timers=p.timers,
-                                scaled=scale_on)
+                                scaled=scale_on, headroom=h)
                     weights = worker_receive_weights(conn)
                 p.remember(sink)
                 return weights

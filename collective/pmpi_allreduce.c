@@ -47,6 +47,7 @@
 
 #include <openssl/evp.h>
 
+#include "blockscale_codec.h"
 #include "inceptionn_codec.h"
 #include "inceptionn_contract.h"
 #include "log_line.h"
@@ -94,6 +95,7 @@ static const char *codec_choices(int nic)
 
 static struct {
     int mode, codec, k, log, timeout_ms, feedback;
+    int headroom;             /* INCEPTIONN_MPI_HEADROOM: bits the scaled wire gives up for ratio (ring_engine.h) */
     long min_count, chunk;
     struct in_addr addr;
     int have_addr;            /* from INCEPTIONN_MPI_ADDR or _IFACE (else chosen at setup) */
@@ -302,6 +304,8 @@ __attribute__((constructor)) static void load_settings(void)
     cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
                                           "seconds, 1..86400");
     cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
+    cfg.headroom = (int)env_long("INCEPTIONN_MPI_HEADROOM", BS_HEADROOM, 0, BS_MAX_HEADROOM,
+                                 "bits of precision given up, 0..24");
     cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", CODEC->wants_error_feedback, 0, 1,
                                  "use 0 or 1");
     const char *ns = getenv("INCEPTIONN_MPI_NICD_SOCKET");
@@ -742,7 +746,7 @@ static int ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
     }
     CODEC->make(&codec, r->codec_state);
     const struct re_ring rr = {.rank = r->rank, .size = r->size, .send_fd = r->send_fd, .recv_fd = r->recv_fd,
-                               .timeout_ms = cfg.timeout_ms, .chunk = chunk, .codec = &codec,
+                               .timeout_ms = cfg.timeout_ms, .chunk = chunk, .codec = &codec, .headroom = cfg.headroom,
                                .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
     char err[256];
     struct re_stats stats = {0};
@@ -769,7 +773,7 @@ static int ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
 /* --- settings every rank shares: agreed once, in MPI_Init ------------------------------------- */
 
 struct shared_settings {
-    int32_t version, mode, k, chunk, k_from_nicd, bad, codec, pad;
+    int32_t version, mode, k, chunk, k_from_nicd, bad, codec, headroom;
     int64_t min_count;
     int32_t choose, pad2;     /* INCEPTIONN_MPI_CHOOSE: ranks that choose differently would hang */
     char why[160];            /* bad: why this rank cannot state its settings */
@@ -795,9 +799,9 @@ static void expand_host(char *out, size_t cap, const char *tmpl)
 
 static void describe_settings(char *out, size_t cap, const struct shared_settings *s)
 {
-    snprintf(out, cap, "mode %s, min count %lld, error bound %d%s, chunk %d, codec %s, version %d",
+    snprintf(out, cap, "mode %s, min count %lld, error bound %d%s, chunk %d, codec %s, headroom %d, version %d",
              MODE_NAME[s->mode & 1], (long long)s->min_count, s->k, s->k_from_nicd ? " (its soft NIC's)" : "", s->chunk,
-             CODEC_NAME(s->codec), s->version);
+             CODEC_NAME(s->codec), s->headroom, s->version);
 }
 
 /* Every rank states its settings (in nic mode with the bound its soft NIC runs) and all compare
@@ -806,7 +810,7 @@ static void describe_settings(char *out, size_t cap, const struct shared_setting
 static void agree_settings(void)
 {
     struct shared_settings me = {.version = INC_MPI_SETTINGS_VERSION, .mode = cfg.mode, .chunk = (int32_t)cfg.chunk,
-                                 .codec = cfg.codec, .min_count = cfg.min_count};
+                                 .codec = cfg.codec, .min_count = cfg.min_count, .headroom = cfg.headroom};
     if (cfg.mode == MODE_NIC) {
         char path[256];
         int k = 0;
@@ -852,7 +856,7 @@ static void agree_settings(void)
             snprintf(line, sizeof line, "rank %d cannot state its settings (%s)", i, all[i].why);
         } else if (i && (all[i].version != all[0].version || all[i].mode != all[0].mode || all[i].k != all[0].k ||
                          all[i].chunk != all[0].chunk || all[i].codec != all[0].codec ||
-                         all[i].min_count != all[0].min_count)) {
+                         all[i].headroom != all[0].headroom || all[i].min_count != all[0].min_count)) {
             char a[160], b[160];
             describe_settings(a, sizeof a, &all[i]);
             describe_settings(b, sizeof b, &all[0]);

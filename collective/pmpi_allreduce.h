@@ -48,7 +48,7 @@
 #define INC_MPI_REPROBE_MAX 8192         /* doubling after every round up to this */
 #define INC_MPI_EF_MAX_KEYS 16           /* error feedback: residuals kept per communicator (LRU) */
 #define INC_MPI_HELLO_MAGIC 20181024.0f  /* float32 integers >= 1: a soft NIC leaves them exact */
-#define INC_MPI_SETTINGS_VERSION 4       /* the settings and the handshake this build speaks (4: the choice of path) */
+#define INC_MPI_SETTINGS_VERSION 5       /* the settings and the handshake this build speaks (5: the headroom) */
 
 /* collective/pmpi_abi.c: stop with one line if another MPI family's libmpi is in the process */
 void inc_mpi_check_abi(void);

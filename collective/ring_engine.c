@@ -126,7 +126,7 @@ static int to_wire(struct call *c, const float *x, size_t m, float *w, float *de
 {
     const struct re_ring *r = c->r;
     if (scaled(r)) {
-        ptrdiff_t got = bs_encode(x, m, BS_BLOCK_VALUES, r->codec->error_bound, w, wire_len(r, m), dec);
+        ptrdiff_t got = bs_encode_h(x, m, BS_BLOCK_VALUES, r->codec->error_bound, r->headroom, w, wire_len(r, m), dec);
         if (got < 0)
             return fail(c, RE_E_CODEC, "%s", bs_strerror((int)got));
         return RE_OK;
@@ -557,9 +557,9 @@ int re_allreduce(const struct re_ring *r, float *x, size_t n, float *lost, struc
                            (r->tp->pack && (!r->codec->encode || !r->codec->decode || !r->codec->max_encoded_size)) ||
                            (r->codec->sum_encoded && !r->codec->count_encoded) ||
                            (r->codec->encode_sum && !r->codec->sum_encoded))) ||
-        (lost && r->tp->exact) || (n && !x))
-        return fail(&c, RE_E_ARG, "bad arguments (ranks, chunk, transport, codec, or error feedback with exact "
-                    "floats)");
+        (lost && r->tp->exact) || (n && !x) || r->headroom < 0 || r->headroom > BS_MAX_HEADROOM)
+        return fail(&c, RE_E_ARG, "bad arguments (ranks, chunk, transport, codec, headroom, or error feedback "
+                    "with exact floats)");
     if (r->size == 1) {
         if (lost)
             memset(lost, 0, n * sizeof(float));

@@ -6,7 +6,7 @@
  *
  * The caller owns everything around a call: the connections (opened and proven beforehand, e.g.
  * by ring_handshake.c), the settings every rank must share (the same transport, codec, error
- * bound and chunk on every rank), the residual memory of error feedback and what a failure means
+ * bound, headroom and chunk on every rank), the residual memory of error feedback and what a failure means
  * (the MPI library aborts the job). A failed call returns a negative status and one line in err;
  * x is then partly reduced and must not be used, and the connections are not reusable.
  */
@@ -64,6 +64,8 @@ struct re_ring {
     size_t chunk;                /* values per pipelined chunk, >= 1 */
     const struct re_transport *tp;
     const struct re_codec *codec;   /* NULL only with re_transport_raw */
+    int headroom;                /* scaled codecs: each block's max in [2^(-1-h), 2^-h), h in
+                                    [0, BS_MAX_HEADROOM] (0 = BS_HEADROOM; the decoder needs no h) */
 };
 
 /* What one call did: payload bytes on each connection, and the seconds spent in the codec (the

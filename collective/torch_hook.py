@@ -9,7 +9,7 @@ sockets tagged for the soft NIC, instead of by the process group's allreduce.
     dist.init_process_group("gloo", ...)            # DDP's own setup (parameter broadcast) stays on gloo
     group = Group.from_torch(bind_addr=my_ip)        # rendezvous through the process group
     model = DDP(net)
-    state = RingHookState(group, compress="nic")     # options of Group.allreduce
+    state = RingHookState(group, compress="nic")     # options of Group.allreduce (headroom=: the Group's)
     model.register_comm_hook(state, ring_hook)
     ... train ...
     state.close(); group.close()
@@ -31,7 +31,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from .group import Group
+from .group import Group, check_headroom
 
 __all__ = ["RingHookState", "ring_hook", "register_ring_hook"]
 
@@ -42,13 +42,15 @@ class RingHookState:
     """What ``ring_hook`` needs: the Group and the options of ``Group.allreduce``."""
 
     def __init__(self, group: Group, *, compress="nic", codec=None, scaling=None, error_feedback=None,
-                 average: bool = True, background: bool = True) -> None:
+                 headroom=None, average: bool = True, background: bool = True) -> None:
         if not isinstance(group, Group):
             raise TypeError(f"group must be an inceptionn Group, got {type(group).__name__}")
-        group._mode(compress)   # refuse a bad value now, not inside backward()
+        group._mode(compress)   # refuse bad values now, not inside backward()
+        if headroom is not None:
+            check_headroom(headroom)
         self.group = group
         self.options = dict(compress=compress, codec=codec, scaling=scaling, error_feedback=error_feedback,
-                            average=average)
+                            headroom=headroom, average=average)
         self.background = background
         self.buckets = 0
         self._queue = None

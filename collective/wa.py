@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from ..codecs.blockscale import HEADROOM
 from .ring import Wire, chunk_list, receive
 from .stats import Timers
 from .transport import Conn
@@ -33,9 +34,9 @@ MAX_WEIGHTS = 1 << 31
 
 
 def worker_send(work: np.ndarray, conn: Conn, *, chunk_values: int, mode: str, codec=None, sink=None,
-                timers: Timers | None = None, scaled: bool = False) -> None:
+                timers: Timers | None = None, scaled: bool = False, headroom: int = HEADROOM) -> None:
     timers = timers or Timers()
-    wire = Wire(mode, codec, scaled=scaled, need_decoded=sink is not None)
+    wire = Wire(mode, codec, scaled=scaled, need_decoded=sink is not None, headroom=headroom)
     for a, b in chunk_list(0, work.size, chunk_values):
         chunk = work[a:b]
         if mode == "raw":

@@ -66,6 +66,7 @@ class Allreduce:
                                          # docs/collectives.md, "Error feedback's default, measured")
     nicd_socket: str | None = None     # nic mode: the soft NIC's stats socket (%h: the host's name)
     codec: str | None = None           # None: the library's default (codecs()[0])
+    headroom: int = 0                  # bits of precision the scaled wire gives up for ratio (collective.Group's)
 
 
 def check_mode(v: str) -> str:
@@ -104,6 +105,16 @@ def check_error_bound(v: str) -> int:
     if not re.fullmatch(r"-[0-9]{1,2}", v) or not -30 <= int(v) <= -1:
         raise UserError(f"bad --allreduce-error-bound {v!r}: use -30..-1 (nicd --error-bound)")
     return int(v)
+
+
+def check_headroom(v) -> int:
+    try:
+        h = int(v)
+    except (TypeError, ValueError):
+        h = -1
+    if not 0 <= h <= 24:
+        raise UserError(f"bad headroom {v!r}: the bits of precision the scaled wire gives up, 0..24")
+    return h
 
 
 def check_nicd_socket(v: str) -> str:
@@ -205,13 +216,14 @@ def allreduce_env(a: Allreduce, family: str, nic_running: bool, iface: str | Non
     if iface:
         env["INCEPTIONN_MPI_IFACE"] = iface
     env["INCEPTIONN_MPI_ERROR_FEEDBACK"] = "1" if feedback else "0"
+    env["INCEPTIONN_MPI_HEADROOM"] = str(check_headroom(a.headroom))
     if a.nicd_socket:
         env["INCEPTIONN_MPI_NICD_SOCKET"] = a.nicd_socket
     if log:
         env["INCEPTIONN_MPI_LOG"] = "1"
     settings = {"library": lib, "mpi": family, "mode": mode, "requested_mode": a.mode, "codec": a.codec,
                 "min_count": a.min_count, "error_bound": a.error_bound, "error_feedback": feedback,
-                "iface": iface, "log": log, "nicd_socket": a.nicd_socket or DEFAULT_NICD_SOCKET}
+                "headroom": a.headroom, "iface": iface, "log": log, "nicd_socket": a.nicd_socket or DEFAULT_NICD_SOCKET}
     return settings, env
 
 

@@ -18,12 +18,12 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     from inceptionn.cli import main
     rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "3",
                "--scale-hosts", "2", "--scale-size", "1", "--impls", "ring,ring-nic,ring-app,ring-gso,gloo",
-               "--reps", "1", "--json"])
+               "--reps", "1", "--headroom", "0,2", "--json"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     link = r["links"][0]
     row = link["sizes"]["1"]
-    assert set(row) == {"ring", "ring-nic", "ring-app", "ring-gso", "gloo"}
+    assert set(row) == {"ring", "ring-nic", "ring-app", "ring-gso", "gloo", "ring-nic/h2", "ring-app/h2", "ring-gso/h2"}
     for impl, v in row.items():
         assert 0 < v["min"] <= v["median"] <= v["max"] < 60, (impl, v)
     assert row["ring"]["nmse"] < 1e-10 and row["gloo"]["nmse"] < 1e-10   # exact float32 sums
@@ -38,6 +38,12 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     assert row["ring-app"]["first_call_bytes"]["data"] == comp["v2"]["codec_bytes"] + 4 * comp["v2"]["payloads"]
     assert row["ring-app"]["nmse"] == pytest.approx(comp["v2"]["nmse"], rel=1e-9)
     assert comp["v1"]["ratio"] > comp["v2"]["ratio"] > 2
+    # headroom 2: its own rows, the simulated figures at h = 2, fewer bytes for a larger error
+    h2 = row["ring-app/h2"]
+    assert h2["first_call_bytes"]["data"] == comp["v2/h2"]["codec_bytes"] + 4 * comp["v2/h2"]["payloads"]
+    assert h2["nmse"] == pytest.approx(comp["v2/h2"]["nmse"], rel=1e-9) and h2["nmse"] > row["ring-app"]["nmse"]
+    assert comp["v2/h2"]["ratio"] > comp["v2"]["ratio"]
+    assert row["ring-gso/h2"]["nmse"] == row["ring-nic/h2"]["nmse"]
     # who compressed: the daemons for ring-nic (per packet) and ring-gso (super-packets), nobody else
     assert row["ring-nic"]["egress_compressed"] > 0 and row["ring-nic"]["gso_super_packets"] == 0
     assert row["ring-gso"]["gso_super_packets"] > 0
@@ -152,6 +158,8 @@ def test_threshold_sweep(no_leaks, capsys):
     (["--rates", "fast"], "fast"),
     (["--sizes", "ten"], "--sizes"),
     (["--hosts", "1"], "hosts must be"),
+    (["--headroom", "25"], "--headroom: distinct integers in 0..24"),
+    (["--sweep", "--headroom", "0,1"], "--headroom goes with the size runs"),
 ])
 def test_bad_arguments_give_one_line(args, needle):
     assert_one_line_error(run_cli("bench", "allreduce", *args), needle)

@@ -148,14 +148,14 @@ def test_mpi4py_script_app_mode_and_fallback(tb_name, tmp_path, prog):
 
         # settings that differ between ranks (a job launched by hand): compared in MPI_Init, the
         # library is off on every rank (one line each), every call MPI's own
-        wrap = ["sh", "-c", 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export INCEPTIONN_MPI_CHUNK=1000; fi; exec "$@"', "sh"]
+        wrap = ["sh", "-c", 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export INCEPTIONN_MPI_CHUNK=1000 INCEPTIONN_MPI_HEADROOM=2; fi; exec "$@"', "sh"]
         mix = tmp_path / "mix"
         r = job(tb_name, mix, "--compress-allreduce", "--allreduce-mode", "app", program=[*wrap, prog, str(mix), str(N)])
         warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln and "inceptionn-mpi" in ln]
         assert len(warnings) == WORLD, r.stderr
         assert all("the MPI_Allreduce library is off for this job: rank 1's settings differ from rank 0's (mode app, "
-                   "min count 65536, error bound -10, chunk 1000, codec inceptionn, version 4; rank 0: mode app, min "
-                   "count 65536, error bound -10, chunk 65536, codec inceptionn, version 4)" in w for w in warnings), warnings
+                   "min count 65536, error bound -10, chunk 1000, codec inceptionn, headroom 2, version 5; rank 0: mode "
+                   "app, min count 65536, error bound -10, chunk 65536, codec inceptionn, headroom 0, version 5)" in w for w in warnings), warnings
         assert (mix / "rank0_inplace.bin").read_bytes() == (plain_c / "rank0_inplace.bin").read_bytes()
 
         # mid-call: rank 3 is killed while the ranks loop over MPI_Allreduce; the job ends (no hang),
@@ -230,7 +230,7 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
                                      "min_count": 1000,
                                      "error_bound": -12, "error_feedback": True, "iface": str(tb.network), "log": False,
                                      "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi",
-                                     "choose": "auto"}
+                                     "choose": "auto", "headroom": 0}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out

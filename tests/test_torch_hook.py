@@ -99,6 +99,18 @@ def ddp_job(rank: int, world: int, init_file: str, outdir: str, store_port: int)
     out["params"] = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()]).numpy()
     out["conns"] = np.array([(c["kind"], c["direction"], c["tos"]) for c in group.connections()], dtype=object)
     out["gradient_bytes"] = np.array(group.stats.total.bytes_sent["gradient"])
+    # the hook's headroom: the same backward pass in app mode sends fewer bytes at h = 3
+    for h in (0, 3):
+        ddp_h = DDP(make_model(), bucket_cap_mb=0.01)
+        state = register_ring_hook(ddp_h, group, compress="app", headroom=h, background=False)
+        before = group.stats.total.bytes_sent["data"]
+        F.cross_entropy(ddp_h(x), y).backward()
+        out[f"bytes_h{h}"] = np.array(group.stats.total.bytes_sent["data"] - before)
+    try:
+        RingHookState(group, headroom=25)
+        out["bad_headroom"] = np.array("")
+    except ValueError as e:
+        out["bad_headroom"] = np.array(str(e))
     # a float64 model is refused through the future, with a clear message
     ddp64 = DDP(make_model().double())
     register_ring_hook(ddp64, group, compress="nic", background=False)
@@ -153,6 +165,8 @@ def test_ddp_with_the_ring_hook(tmp_path):
     assert all(np.array_equal(r["tcpstore"], want) for r in res)
     losses = res[0]["losses"]
     assert losses[-5:].mean() < 0.6 * losses[:5].mean(), losses
+    assert all(0 < int(r["bytes_h3"]) < int(r["bytes_h0"]) for r in res), [(r["bytes_h0"], r["bytes_h3"]) for r in res]
+    assert "headroom must be an integer in 0..24" in str(res[0]["bad_headroom"])
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ def add_switches(p) -> None:
     p.add_argument("--no-error-feedback", dest="error_feedback", action="store_const", const=False, default=None,
                    help="do not add what compression dropped back into the next iteration's gradient "
                    "(on by default with the inceptionn codec)")
+    p.add_argument("--headroom", type=int, default=0, metavar="H",
+                   help="bits of precision each scaled block gives up for a higher compression ratio, 0..24 "
+                   "(its max scaled into [2^(-1-H), 2^-H); default 0; docs/collectives.md, 'Headroom')")
 
 
 def rate_arg(rate: str):
@@ -95,7 +98,7 @@ def run(args) -> int:
     from .report import Progress
 
     cfg = TrainConfig(algo=args.algo, compress=args.compress, error_bound=args.error_bound, scaling=args.scaling,
-                      error_feedback=args.error_feedback, epochs=args.epochs, max_iters=args.max_iters,
+                      error_feedback=args.error_feedback, headroom=args.headroom, epochs=args.epochs, max_iters=args.max_iters,
                       data=args.data, seed=args.seed, lr=args.lr, warmup=args.warmup_iters, decay_at=args.decay_at,
                       batch=args.batch)
     preflight_testbed(args.hosts, rate_arg(args.rate), args.mtu, args.name or "train")

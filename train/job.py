@@ -59,6 +59,7 @@ class TrainConfig:
     error_bound: int = DEFAULT_ERROR_BOUND
     scaling: bool | None = None        # None: the collective's default (on where it helps)
     error_feedback: bool | None = None
+    headroom: int = 0                  # bits of precision the scaled wire gives up for ratio (0..24)
     epochs: int = 1
     max_iters: int | None = None      # per epoch
     data: str | None = None
@@ -87,11 +88,14 @@ class TrainConfig:
             return base
         name = {"nic": f"{base}+C", "nic-scaled": f"{base}+C scaled"}.get(self.compress, f"{base}+{self.compress}")
         off = [w for w, on in (("scaling", self.scaling), ("EF", self.error_feedback)) if on is False]
+        name += f" h={self.headroom}" if self.headroom else ""
         return name + (f" (no {', no '.join(off)})" if off else "")
 
     def check(self) -> None:
         if self.algo not in ALGOS:
             raise UserError(f"unknown algorithm {self.algo!r}; choose wa, inc or ddp")
+        if isinstance(self.headroom, bool) or not isinstance(self.headroom, int) or not 0 <= self.headroom <= 24:
+            raise UserError(f"--headroom must be an integer in 0..24, got {self.headroom!r}")
         if self.algo == "ddp":
             from .torch_hooks import HOOKS
 
