@@ -146,7 +146,8 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
         size_t mss_len = (p.v6 ? 60 : 40) + (size_t)fi.peer_mss;
         if (mtu > mss_len)
             mtu = mss_len;
-        if ((nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) || p.len > mtu) {
+        int gso_skb = (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) != 0; /* one attribute walk per packet */
+        if (gso_skb || p.len > mtu) {
             /* v3: a GSO skb goes back as one train cut where the kernel will cut it: at its own
              * gso_size, which the queue does not report but TCP derives (tcp_current_mss) from
              * the path MTU and the peer's MSS, both in mtu, less this skb's IP and TCP headers. A
@@ -154,7 +155,7 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
              * still finds every header; a segment that arrives alone and cut wrong is dropped
              * (drop_header) and TCP retransmits it. */
             size_t gso_size = mtu > p.payload_off ? mtu - p.payload_off : 0;
-            if (cx->cfg->trains && fi.peer_trains && (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) &&
+            if (cx->cfg->trains && fi.peer_trains && gso_skb &&
                 p.payload_len > gso_size) {
                 egress_train(id, &p, isn, gso_size, &rc, cx);
                 return;
