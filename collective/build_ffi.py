@@ -25,10 +25,12 @@ codecs = codec_build()
 
 # The MPI library's C, paths from the repository root: setup.py builds it once per MPI ABI, a test
 # (tests/test_codec_table.py) with a codec of its own.
-PMPI_SOURCES = ["collective/pmpi_allreduce.c", "collective/pmpi_abi.c", "collective/ring_engine.c",
+PMPI_SOURCES = ["collective/pmpi_allreduce.c", "collective/pmpi_settings.c", "collective/pmpi_ring.c",
+                "collective/pmpi_comm.c", "collective/pmpi_choice.c", "collective/pmpi_result_check.c",
+                "collective/pmpi_abi.c", "collective/ring_engine.c",
                 "collective/ring_handshake.c", "collective/nicd_bound.c", *codecs.SOURCES]
 PMPI_INCLUDE = ["collective", *codecs.INCLUDE_DIRS, "shim"]
-PMPI_DEPENDS = ["collective/pmpi_allreduce.h", "collective/ring_engine.h", "collective/ring_handshake.h",
+PMPI_DEPENDS = ["collective/pmpi_allreduce.h", "collective/pmpi_internal.h", "collective/ring_engine.h", "collective/ring_handshake.h",
                 "collective/nicd_bound.h", *codecs.HEADER_FILES,
                 "shim/log_line.h"]
 PMPI_LIBRARIES = ["crypto", "m"]      # libcrypto: the ring handshake's HMAC-SHA256
