@@ -4,6 +4,7 @@ Each benchmark is a module here with a module docstring, ``HELP`` (one line) and
 ``add_arguments(parser)`` (which sets ``func``); list it in BENCHMARKS.
 """
 import importlib
+import json
 
 # (subcommand, module) in --help order
 BENCHMARKS = [
@@ -34,3 +35,13 @@ def _add_benchmarks(p) -> None:
                 continue
             raise
         module.add_arguments(benches.add_parser(name, help=module.HELP, description=module.__doc__))
+
+
+def emit(report: dict, as_json: bool, *printers) -> int:
+    """A benchmark's last step: its report as JSON (--json), else each printer's text of it."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for show in printers:
+            show(report)
+    return 0

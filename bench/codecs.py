@@ -25,7 +25,6 @@ from __future__ import annotations
 
 HELP = "all five codecs on real gradients: ratio, NMSE, GB/s, training accuracy; papers' figures beside"
 
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import UserError
+from .cli import emit
 from .timing import cpu_name
 from .codecs_report import LAST_EPOCHS, build_rows, print_report
 
@@ -478,11 +478,7 @@ def run(args) -> int:
         "summed_ring": ring,
         "training": train,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    return 0
+    return emit(report, args.json, print_report)
 
 
 def add_arguments(p) -> None:

@@ -43,6 +43,7 @@ from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import parse_rate
 from ..procs import cpu_seconds
 from ..shim.contract import TOS_SCALED, TOS_TAGGED
+from .cli import emit
 
 PORT = 5201
 SYN_FRAME_BITS = (76 + 14) * 8  # a flood SYN (bench/synflood.py) as the link's shaper counts it
@@ -531,16 +532,8 @@ def run(args) -> int:
                                                 path_gso=path_gso, gso=args.both, queues=queues,
                                                 streams=args.streams, modes=args.input == "raw",
                                                 ipv6=args.ipv6, trains=args.trains))
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-        print_gso_report(report)
-        print_ipv6_report(report)
-        print_flood_report(report)
-        print_modes_report(report)
-        print_trains_report(report)
-    return 0
+    return emit(report, args.json, print_report, print_gso_report, print_ipv6_report, print_flood_report,
+                print_modes_report, print_trains_report)
 
 
 def print_trains_report(r: dict) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 HELP = "INCEPTIONN codec speed and bitwidth distribution on real gradients"
 
-import json
 import sys
 
 import numpy as np
@@ -22,6 +21,7 @@ from ..codecs.inceptionn import have_avx2, max_encoded_size
 from ..collective.scaling import scaled_copy
 from ..errors import UserError
 from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
+from .cli import emit
 from .timing import cpu_name, interleaved
 
 PAPER_TARGET_GBPS = 3.2  # one 256-bit burst per 100 MHz cycle (INCEPTIONN Sec. VI)
@@ -144,11 +144,7 @@ def run(args) -> int:
         "tiers": tier_table(grads, bounds, args.workers, args.bucket),
         "paper_target_gbps": PAPER_TARGET_GBPS,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    return 0
+    return emit(report, args.json, print_report)
 
 
 def add_arguments(p) -> None:

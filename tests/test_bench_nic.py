@@ -85,7 +85,9 @@ def test_trains_beside_v2(no_leaks, capsys):
     for g in (v2, v3):
         assert g["bytes"] == link["bytes"] and g["gbps"][0] > 0 and g["drops"] == {}, g
         assert g["super_packets"] > 0 and g["ratio"] > 3 and g["send_errors"] == 0, g
-        assert g["sender_s_per_gb"] > 0 and g["receiver_s_per_gb"] > 0
+        # 1 MB costs a v3 receiver about a millisecond, under the 10 ms tick /proc counts CPU in:
+        # reported, but it may be 0
+        assert g["sender_s_per_gb"] >= 0 and g["receiver_s_per_gb"] >= 0, g
 
 
 @needs_root
