@@ -245,11 +245,9 @@ class Group:
         if mode == "raw":
             return None
         c = self.codec if codec is None else self._resolve_codec(codec)
-        if mode == "nic" and not c.c_nic:
-            from ..codecs import table
-            runs = ", ".join(n for n in table.names() if table.traits(n)["c_nic"])
-            raise ValueError(f"the soft NIC runs only the codecs of its table that it can cut into packets ({runs}); "
-                             f"to compare {c.name!r} use compress='app' (the codec runs inside the collective)")
+        if mode == "nic" and not c.per_value:
+            raise ValueError(f"the soft NIC cuts the stream into packets, so it runs only per-value codecs; {c.name!r} "
+                             "is not one: use compress='app' (the codec runs inside the collective)")
         return c
 
     @staticmethod

@@ -835,7 +835,7 @@ def test_user_mistakes_raise_clear_errors_and_leave_the_group_usable():
     assert None not in errors, errors
     text = "\n".join(errors)
     for needle in ("float32", "1-D", "numpy", "compress must be", "error_feedback needs", "out must be",
-                   "soft NIC runs only the codecs of its table", "codec must be", "aggregator", "op must be",
+                   "soft NIC cuts the stream into packets", "codec must be", "aggregator", "op must be",
                    "headroom must be an integer in 0..24"):
         assert needle in text, needle
     assert np.array_equal(r, res[1][1])

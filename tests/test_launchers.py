@@ -91,7 +91,7 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
     r = subprocess.run([CLI, *base], capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": "/x/a.so"})
     assert r.stdout.strip() == ("INCEPTIONN_MPI_MODE=app,INCEPTIONN_MPI_CODEC=inceptionn,INCEPTIONN_MPI_MIN_COUNT=1000,"
                                 "INCEPTIONN_MPI_ERROR_BOUND=-10,INCEPTIONN_MPI_IFACE=198.18.0.0/24,"
-                                f"INCEPTIONN_MPI_ERROR_FEEDBACK=1,LD_PRELOAD=/x/a.so:{lib}"), r.stdout
+                                f"INCEPTIONN_MPI_ERROR_FEEDBACK=1,INCEPTIONN_MPI_HEADROOM=0,LD_PRELOAD=/x/a.so:{lib}"), r.stdout
     r = run_cli(*base, "--format", "hydra")
     assert r.stdout.split()[:2] == ["-genv", "INCEPTIONN_MPI_MODE"] and r.stdout.split()[-2:] == ["LD_PRELOAD", lib]
     r = run_cli(*base, "--format", "shell", "--allreduce-error-feedback", "--log")
