@@ -49,7 +49,8 @@ from contextlib import ExitStack, contextmanager
 import numpy as np
 
 from ..daemon.launch import nicd, read_stats
-from ..limits import DEFAULT_ERROR_BOUND
+from ..codecs.blockscale import MAX_HEADROOM
+from ..limits import DEFAULT_ERROR_BOUND, headroom_problem
 from ..errors import UserError
 from ..kernel_tc.testbed import Testbed
 from ..kernel_tc.units import format_rate, parse_rate
@@ -418,8 +419,8 @@ def run(args) -> int:
         if i not in IMPLS + EXTRA_IMPLS:
             raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS + EXTRA_IMPLS)}")
     headrooms = _csv(args.headroom, "headroom", int)
-    if not headrooms or any(not 0 <= h <= 24 for h in headrooms) or len(set(headrooms)) != len(headrooms):
-        raise UserError("--headroom: distinct integers in 0..24 (bits of precision the scaling gives up)")
+    if not headrooms or any(headroom_problem(h) for h in headrooms) or len(set(headrooms)) != len(headrooms):
+        raise UserError(f"--headroom: distinct integers in 0..{MAX_HEADROOM} (bits of precision the scaling gives up)")
     if headrooms != [0] and args.sweep:
         raise UserError("--headroom goes with the size runs, not --sweep")
     impls = expand_headrooms(impls, headrooms)

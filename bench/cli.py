@@ -45,3 +45,10 @@ def emit(report: dict, as_json: bool, *printers) -> int:
         for show in printers:
             show(report)
     return 0
+
+
+def add_gradient_arguments(p, data_use: str) -> None:
+    """--data and --captures of a benchmark that runs on gradients captured from training."""
+    p.add_argument("--data", metavar="PATH", help=f"MNIST (IDX file or folder, or .npz) {data_use}; "
+                   "default: scikit-learn's digits, shipped with the package")
+    p.add_argument("--captures", type=int, default=8, help="gradients to capture from training (default 8)")

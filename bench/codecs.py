@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import UserError
-from .cli import emit
+from .cli import add_gradient_arguments, emit
 from .timing import cpu_name
 from .codecs_report import LAST_EPOCHS, build_rows, print_report
 
@@ -482,9 +482,7 @@ def run(args) -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--data", metavar="PATH", help="MNIST (IDX file or folder, or .npz) for the gradients and the "
-                   "training runs; default: scikit-learn's digits, shipped with the package")
-    p.add_argument("--captures", type=int, default=8, help="gradients to capture from training (default 8)")
+    add_gradient_arguments(p, "for the gradients and the training runs")
     p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     p.add_argument("--codecs", metavar="LIST", help=f"comma-separated codecs ({', '.join(CODEC_NAMES)}) and/or rows "
                    f"({', '.join(ROW_IDS)}); default: every row")

@@ -21,7 +21,7 @@ from ..codecs.inceptionn import have_avx2, max_encoded_size
 from ..collective.scaling import scaled_copy
 from ..errors import UserError
 from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
-from .cli import emit
+from .cli import add_gradient_arguments, emit
 from .timing import cpu_name, interleaved
 
 PAPER_TARGET_GBPS = 3.2  # one 256-bit burst per 100 MHz cycle (INCEPTIONN Sec. VI)
@@ -148,9 +148,7 @@ def run(args) -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--data", metavar="PATH", help="MNIST (IDX file or folder, or .npz) to train on; "
-                   "default: scikit-learn's digits, shipped with the package")
-    p.add_argument("--captures", type=int, default=8, help="gradients to capture from training (default 8)")
+    add_gradient_arguments(p, "to train on")
     p.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (default 9)")
     p.add_argument("--error-bound", type=int, default=DEFAULT_ERROR_BOUND,
                    help=f"bound exponent for the timing (default {DEFAULT_ERROR_BOUND})")

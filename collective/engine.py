@@ -163,7 +163,7 @@ def ring_allreduce(work: np.ndarray, *, rank: int, world: int, send: Conn, recv:
             c.error_bound = scaling_bound(codec)
     r = ffi.new("struct re_ring *")
     r.rank, r.size, r.chunk = rank, world, chunk_values
-    r.headroom = headroom if scaled else HEADROOM
+    r.headroom = headroom
     r.send_fd, r.recv_fd = send.sock.fileno(), recv.sock.fileno()
     r.timeout_ms = -1 if timeout is None else max(1, math.ceil(timeout * 1000))
     r.tp = lib.re_transport_named(mode.encode())

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..codecs import Codec, ErrorFeedback, get_codec
 from ..codecs.base import check_vector
-from ..codecs.blockscale import HEADROOM, MAX_HEADROOM
+from ..codecs.blockscale import HEADROOM
+from ..limits import headroom_problem
 from . import scaling as sc
 from .rendezvous import (MPIExchange, TorchExchange, default_bind_addr, entry, group_key, make_exchange,
                          resolve_secret)
@@ -55,12 +56,14 @@ from .wa import aggregate, broadcast_weights, worker_receive_weights, worker_sen
 __all__ = ["Group", "CallStats", "GroupStats"]
 
 _DEFAULT = object()
+
+
 def check_headroom(h) -> int:
     """``h`` as the headroom of the per-block scaling, or ValueError saying what it may be."""
-    if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h <= MAX_HEADROOM:
-        raise ValueError(f"headroom must be an integer in 0..{MAX_HEADROOM} (the bits of precision each block of "
-                         f"the scaled wire gives up for compression; 0 the most precise), got {h!r}")
-    return int(h)
+    h = int(h) if isinstance(h, np.integer) else h
+    if problem := headroom_problem(h):
+        raise ValueError(f"headroom {problem}")
+    return h
 
 
 def _check_rank(rank, world) -> tuple[int, int]:

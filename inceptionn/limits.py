@@ -13,3 +13,13 @@ def error_bound_problem(k) -> str | None:
         return (f"must be an integer exponent from {ERROR_BOUND_MIN} to {ERROR_BOUND_MAX} "
                 f"(bound 2^k), got {k!r}")
     return None
+
+
+def headroom_problem(h) -> str | None:
+    """Why ``h`` is not a usable headroom of the per-block scaling (for an error line), or None.
+    The range is the C scaling's (codecs_c/blockscale_codec.h), read when asked."""
+    from .codecs.blockscale import MAX_HEADROOM
+    if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= MAX_HEADROOM:
+        return (f"must be an integer in 0..{MAX_HEADROOM} (the bits of precision each block of the scaled wire "
+                f"gives up for compression; 0 the most precise), got {h!r}")
+    return None

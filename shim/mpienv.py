@@ -107,13 +107,9 @@ def check_error_bound(v: str) -> int:
     return int(v)
 
 
-def check_headroom(v) -> int:
-    try:
-        h = int(v)
-    except (TypeError, ValueError):
-        h = -1
-    if not 0 <= h <= 24:
-        raise UserError(f"bad headroom {v!r}: the bits of precision the scaled wire gives up, 0..24")
+def check_headroom(h) -> int:
+    if problem := limits.headroom_problem(h):
+        raise UserError(f"bad headroom: {problem}")
     return h
 
 

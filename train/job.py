@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..errors import UserError
-from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem
+from ..limits import DEFAULT_ERROR_BOUND, error_bound_problem, headroom_problem
 from ..procs import cpu_seconds, stop
 from .worker import Diverged
 
@@ -94,8 +94,8 @@ class TrainConfig:
     def check(self) -> None:
         if self.algo not in ALGOS:
             raise UserError(f"unknown algorithm {self.algo!r}; choose wa, inc or ddp")
-        if isinstance(self.headroom, bool) or not isinstance(self.headroom, int) or not 0 <= self.headroom <= 24:
-            raise UserError(f"--headroom must be an integer in 0..24, got {self.headroom!r}")
+        if problem := headroom_problem(self.headroom):
+            raise UserError(f"--headroom {problem}")
         if self.algo == "ddp":
             from .torch_hooks import HOOKS
 

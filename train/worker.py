@@ -222,14 +222,14 @@ def run(cfg: dict) -> int:
                     opt.step(model.params, mean)
                 elif cfg["algo"] == "inc":
                     summed = group.allreduce(grad, compress=mode, codec=codec, scaling=scaling,
-                                             error_feedback=feedback, headroom=cfg.get("headroom", 0))
+                                             error_feedback=feedback, headroom=cfg["headroom"])
                     t2 = time.perf_counter()
                     s1 = _stats_snapshot(group)
                     opt.step(model.params, summed * inv_world)
                 else:
                     t_update[0] = 0.0
                     new = group.wa_step(grad, update, compress=mode, codec=codec, scaling=scaling,
-                                        error_feedback=feedback, headroom=cfg.get("headroom", 0))
+                                        error_feedback=feedback, headroom=cfg["headroom"])
                     t2 = time.perf_counter()
                     s1 = _stats_snapshot(group)
                     if new is not model.params:
