@@ -19,6 +19,7 @@ from inceptionn.daemon.stats import read as read_stats
 from inceptionn.collective import FileStore, Group
 
 COUNTERS = ("egress_packets", "egress_compressed", "egress_orig_bytes", "egress_wire_bytes", "egress_raw_bytes",
+            "egress_raw_view_pending",
             "ingress_restored", "ingress_orig_bytes", "drop_crc", "drop_header", "drop_checksum", "drop_decode",
             "drop_malformed", "drop_too_big")
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from test_nicd import DROPS6 as DROPS
-from test_nicd import (Transfer, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+from test_nicd import (Transfer, add_counting_rule, assert_restored_or_raw, assert_went_compressed, assert_words_equal,
+                       count_raw_tagged,
                        fell_back_lines, make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd,
                        transfer)
 
@@ -366,7 +367,7 @@ def test_ipv6_stream_compressed(tmp_path, small, mode):
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["hello_sent"] >= 1 and c2["hello_received"] >= 1
     assert c1["egress_compressed"] > 0 and c2["ingress_restored"] == c1["egress_compressed"]
-    assert c1["egress_orig_bytes"] > 0.9 * small.nbytes
+    assert_went_compressed(c1, small.nbytes, f"IPv6, {mode}")
     assert c1["egress_wire_bytes"] < c1["egress_orig_bytes"] / 3
     assert c2["ingress_orig_bytes"] == c1["egress_orig_bytes"]
     assert on_wire >= c1["egress_compressed"]
@@ -458,8 +459,9 @@ def test_dual_stack_flows_at_once(tmp_path, small, grads, mode):
     assert_restored_or_raw(got4, x4.tobytes(), recon(x4, -10).tobytes(), raw4, "IPv4 flow")
     assert_restored_or_raw(got6, x6.tobytes(), recon(x6, -10).tobytes(), raw6, "IPv6 flow")
     assert c1["flows_negotiated"] == 2 and c2["flows_negotiated"] == 2
-    assert on_wire4 > 0 and on_wire6 > 0, (on_wire4, on_wire6)
-    assert c1["egress_orig_bytes"] > 0.9 * (x4.nbytes + x6.nbytes)
+    assert_went_compressed(c1, x4.nbytes + x6.nbytes, "IPv4 and IPv6 flows")
+    if c1["egress_raw_view_pending"] == 0:  # (else a flow's super-packets may all have left raw)
+        assert on_wire4 > 0 and on_wire6 > 0, (on_wire4, on_wire6)
     assert c2["ingress_restored"] == c1["egress_compressed"]
     for key in DROPS:
         assert c2[key] == 0, (key, c2)
