@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_nicd import INC, PEER, PY, Transfer, add_counting_rule, make_testbed, recon, rule_counts, running_nicd
+from test_nicd import (INC, PEER, PY, Transfer, add_counting_rule, assert_went_compressed, make_testbed, recon, rule_counts,
+                       running_nicd)
 from test_nicd_gso import super_packet
 
 from inceptionn.daemon._datapath import ffi, lib
@@ -243,15 +244,17 @@ def test_raw_gradients_from_an_unmodified_program_keep_their_accuracy(tmp_path):
                 before = d1.counters()
                 got[mark] = send_tagged_by_run(h1, h2, g.tobytes(), tmp_path, policy, port)
                 after = d1.counters()
-                orig = after["egress_orig_bytes"] - before["egress_orig_bytes"]
-                wire = after["egress_wire_bytes"] - before["egress_wire_bytes"]
-                raw = after["egress_raw_bytes"] - before["egress_raw_bytes"]
+                d = {k: after[k] - before[k] for k in after}
+                orig, wire, raw = d["egress_orig_bytes"], d["egress_wire_bytes"], d["egress_raw_bytes"]
                 ratio = (orig + raw) / (wire + raw)
                 err = nmse(np.frombuffer(got[mark], np.float32), g)
                 print(f"mark {mark:#04x}: NMSE {err:.4f} at {ratio:.1f}x ({orig / g.nbytes:.1%} compressed)")
-                assert len(got[mark]) == g.nbytes and orig > 0.9 * g.nbytes
+                assert len(got[mark]) == g.nbytes
+                assert_went_compressed(d, g.nbytes, f"mark {mark:#04x}")
                 if mark == TOS_SCALED:
-                    assert err <= 0.06 and ratio > 2, (err, ratio)
+                    assert err <= 0.06, err
+                    if d["egress_raw_view_pending"] == 0:  # (else much may have left raw, 1x)
+                        assert ratio > 2, ratio
                 c2 = d2.counters()
             c1 = d1.counters()
         app = {m: rule_counts(h2, f"app-{m:#x}", table="filter")[0] for m in (TOS_SCALED, TOS_TAGGED)}
