@@ -81,6 +81,9 @@ def _add_setting_flags(p) -> None:
             p.add_argument("-i", "--interface", action="append", metavar=s.metavar, help=s.help)
         elif s.kind == "switch":
             p.add_argument(flag, action="store_true", help=s.help)
+        elif s.kind == "onoff":  # None: not given, the file or the default decides
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{s.help} (default {'on' if s.default else 'off'})")
         elif s.kind == "gso":
             gso = p.add_mutually_exclusive_group()
             gso.add_argument(flag, action="store_true", help=s.help)

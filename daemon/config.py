@@ -65,7 +65,7 @@ class _Config:
                 bad(s.name, f"must be an integer from {s.lo} to {s.hi}, got {v!r}")
             if s.kind == "choice" and s.name != "codec" and v not in s.choices:  # codec: above
                 bad(s.name, f"must be one of {', '.join(s.choices)}, got {v!r}")
-            if s.kind == "switch" and not isinstance(v, bool):
+            if s.kind in ("switch", "onoff") and not isinstance(v, bool):
                 bad(s.name, f"must be true or false, got {v!r}")
             if s.kind == "gso" and not isinstance(v, bool) and v != "auto":
                 bad(s.name, f"must be true, false or \"auto\", got {v!r}")
@@ -109,6 +109,8 @@ def overrides_from(args) -> dict:
             values[s.name] = getattr(args, "interface")
         elif s.kind == "switch":
             values[s.name] = getattr(args, s.name) or None  # absent is "not given"
+        elif s.kind == "onoff":
+            values[s.name] = getattr(args, s.name)
         elif s.kind == "gso":
             values[s.name] = True if args.gso else False if args.no_gso else None
         else:

@@ -23,17 +23,18 @@ from .nicd import wait_ready
 
 
 def nicd_argv(host, sock: str, error_bound: int, accept_only: bool = False,
-              log_level: str = "warning", gso: bool | None = None, queues: int = 1, trains: bool = False) -> list[str]:
-    """gso: True --gso, False --no-gso (per packet), None the daemon's default (auto); trains: --trains."""
+              log_level: str = "warning", gso: bool | None = None, queues: int = 1, trains: bool | None = None) -> list[str]:
+    """gso: True --gso, False --no-gso (per packet), None the daemon's default (auto); trains: True
+    --trains, False --no-trains (format v2 only), None the daemon's default (on)."""
     argv = [sys.executable, "-m", "inceptionn", "nicd", "-i", host.ifname, "--socket", sock,
             "--error-bound", str(error_bound), "--log-level", log_level]
     return (argv + (["--accept-only"] if accept_only else []) + {True: ["--gso"], False: ["--no-gso"], None: []}[gso]
-            + (["--queues", str(queues)] if queues != 1 else []) + (["--trains"] if trains else []))
+            + (["--queues", str(queues)] if queues != 1 else []) + {True: ["--trains"], False: ["--no-trains"], None: []}[trains])
 
 
 @contextmanager
 def nicd(host, sock: str, error_bound: int, accept_only: bool = False, *, new_session: bool = False,
-         log_level: str = "warning", gso: bool | None = None, queues: int = 1, trains: bool = False):
+         log_level: str = "warning", gso: bool | None = None, queues: int = 1, trains: bool | None = None):
     """Run nicd on ``host`` for the duration of the block; yields the Popen (with ``.log``, a
     deque of its last stderr lines). ``new_session`` keeps a terminal's Ctrl-C away from it,
     so the caller stops it in order."""

@@ -17,8 +17,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 CODECS = ("inceptionn",)  # codecs that are stateless per packet (docs/wire-format.md)
 
 # kind: "list" (of interface names), "mark" (a ToS byte), "int" (lo..hi), "choice" (choices),
-# "path", "textfile" ("" or an absolute *.prom path), "switch" (a flag that sets true), "gso" (true,
-# false or "auto")
+# "path", "textfile" ("" or an absolute *.prom path), "switch" (a flag that sets true), "onoff" (true
+# or false, on by default: --name and --no-name), "gso" (true, false or "auto")
 Setting = namedtuple("Setting", "name default kind help metavar lo hi choices reload stats c_field",
                      defaults=(None, None, None, None, False, False, None))
 
@@ -55,9 +55,10 @@ SETTINGS = (
             "as the fewest compressed packets that fit the path MTU; refuse to start without CAP_NET_RAW "
             "(default: gso = \"auto\", on when the daemon has CAP_NET_RAW, else per packet)",
             stats=True, c_field="gso"),
-    Setting("trains", False, "switch", "wire format v3: send each super-packet of a flow whose peer says it "
+    Setting("trains", False, "onoff", "wire format v3: send each super-packet of a flow whose peer says it "
             "restores trains as one compressed segment train in its verdict (with gso), and take GRO-merged "
-            "trains whole on ingress", stats=True, c_field="trains"),
+            "trains whole on ingress; --no-trains: format v2 only",
+            stats=True, c_field="trains"),
     Setting("metrics_textfile", "", "textfile", "write the counters to PATH (*.prom, in node_exporter's textfile "
             "collector directory) every metrics_interval seconds, atomically; removed on stop", "PATH"),
     Setting("metrics_interval", 15, "int", "seconds between two writes of the metrics textfile", "SECONDS", 1, 3600),

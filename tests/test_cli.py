@@ -343,6 +343,20 @@ def test_error_bound_range_is_the_codecs_everywhere():
         assert (codec_ok, train_ok, r.returncode == 0) == (ok, ok, ok), k
 
 
+def test_on_off_setting_flags_override_the_file_both_ways(tmp_path):
+    """trains (kind "onoff"): --trains and --no-trains each beat the file; neither given, the file
+    decides, and without it the table's default."""
+    from inceptionn.daemon.config import NicdConfig
+
+    for written in (True, False):
+        f = tmp_path / "nicd.toml"
+        f.write_text(f'interfaces = ["lo"]\ntrains = {str(written).lower()}\n')
+        assert check_json("--config", str(f))["trains"] is written
+        assert check_json("--config", str(f), "--trains")["trains"] is True
+        assert check_json("--config", str(f), "--no-trains")["trains"] is False
+    assert check_json("-i", "lo")["trains"] is NicdConfig().trains
+
+
 def test_nicd_help_names_the_config_defaults():
     import re
 
@@ -354,6 +368,7 @@ def test_nicd_help_names_the_config_defaults():
         default = getattr(NicdConfig(), key)
         said = re.search(r"\(default ([^,)]+)", flags[f"--{key.replace('_', '-')}"].help).group(1)
         assert said == (f"{default:#04x}" if key.startswith("tos") else str(default)), key
+    assert f"(default {'on' if NicdConfig().trains else 'off'})" in flags["--no-trains"].help
 
 
 def test_mpirun_takes_j_for_json_too():
