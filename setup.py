@@ -56,7 +56,7 @@ _spec.loader.exec_module(engine)
 
 ext_modules = [tag_preload]
 # One source, one library per MPI ABI (collective/pmpi_abi.c refuses to run in the other kind);
-# shim/mpienv.py picks the one a program needs.
+# collective/pmpi_env.py picks the one a program needs.
 for family, module in (("openmpi", "inceptionn.collective._pmpi_allreduce"),
                        ("mpich", "inceptionn.collective._pmpi_allreduce_mpich")):
     if (mpi := mpi_flags(family)) is None:

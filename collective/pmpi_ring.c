@@ -303,7 +303,7 @@ int ring_allreduce(struct ring *r, float *x, size_t n, float *lost)
     CODEC->make(&codec, r->codec_state);
     const struct re_ring rr = {.rank = r->rank, .size = r->size, .send_fd = r->send_fd, .recv_fd = r->recv_fd,
                                .timeout_ms = cfg.timeout_ms, .chunk = chunk, .codec = &codec, .headroom = cfg.headroom,
-                               .tp = cfg.mode == MODE_NIC ? &re_transport_tagged : &re_transport_codec};
+                               .tp = cfg.mode == MODE_NIC ? &re_transport_nic : &re_transport_app};
     char err[256];
     struct re_stats stats = {0};
     int st = re_allreduce(&rr, x, n, lost, &stats, err, sizeof err);

@@ -74,15 +74,19 @@ __attribute__((constructor)) static void load_settings(void)
     }
     cfg.min_count = env_long("INCEPTIONN_MPI_MIN_COUNT", INC_MPI_DEFAULT_MIN_COUNT, 1, INT32_MAX,
                              "a number of values, at least 1");
+    char bound_what[48];
+    snprintf(bound_what, sizeof bound_what, "use %d..%d (nicd --error-bound)", INC_MIN_ERROR_BOUND,
+             INC_MAX_ERROR_BOUND);
     cfg.k = (int)env_long("INCEPTIONN_MPI_ERROR_BOUND", INCEPTIONN_DEFAULT_ERROR_BOUND, INC_MIN_ERROR_BOUND,
-                          INC_MAX_ERROR_BOUND, "use -30..-1 (nicd --error-bound)");
+                          INC_MAX_ERROR_BOUND, bound_what);
     cfg.chunk = env_long("INCEPTIONN_MPI_CHUNK", INC_MPI_DEFAULT_CHUNK, 8, 1 << 24,
                          "values per chunk, 8..16777216");
     cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
                                           "seconds, 1..86400");
     cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
-    cfg.headroom = (int)env_long("INCEPTIONN_MPI_HEADROOM", BS_HEADROOM, 0, BS_MAX_HEADROOM,
-                                 "bits of precision given up, 0..24");
+    char headroom_what[48];
+    snprintf(headroom_what, sizeof headroom_what, "bits of precision given up, 0..%d", BS_MAX_HEADROOM);
+    cfg.headroom = (int)env_long("INCEPTIONN_MPI_HEADROOM", BS_HEADROOM, 0, BS_MAX_HEADROOM, headroom_what);
     cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", CODEC->wants_error_feedback, 0, 1,
                                  "use 0 or 1");
     const char *ns = getenv("INCEPTIONN_MPI_NICD_SOCKET");

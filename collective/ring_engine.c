@@ -59,13 +59,13 @@ static int frame_unpack(const struct re_codec *c, const uint8_t *buf, size_t len
 }
 
 const struct re_transport re_transport_raw = {.name = "raw", .exact = 1, .payload_cap = floats_cap};
-const struct re_transport re_transport_tagged = {.name = "nic", .payload_cap = floats_cap};
-const struct re_transport re_transport_codec = {.name = "app", .framed = 1, .payload_cap = frame_cap,
-                                                .pack = frame_pack, .unpack = frame_unpack};
+const struct re_transport re_transport_nic = {.name = "nic", .payload_cap = floats_cap};
+const struct re_transport re_transport_app = {.name = "app", .framed = 1, .payload_cap = frame_cap,
+                                              .pack = frame_pack, .unpack = frame_unpack};
 
 const struct re_transport *re_transport_named(const char *name)
 {
-    static const struct re_transport *const all[] = {&re_transport_raw, &re_transport_tagged, &re_transport_codec};
+    static const struct re_transport *const all[] = {&re_transport_raw, &re_transport_nic, &re_transport_app};
     for (size_t i = 0; name && i < sizeof all / sizeof *all; i++)
         if (!strcmp(all[i]->name, name))
             return all[i];

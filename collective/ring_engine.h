@@ -35,10 +35,10 @@ enum re_status {
 
 /*
  * How a chunk travels (a table of operations; the caller tags the sockets to match):
- * re_transport_raw     float32 as they are: exact, no codec, no error feedback
- * re_transport_tagged  the codec's wire floats (fixed points), for a soft NIC on a tagged socket
- * re_transport_codec   the codec in this process: its stream of the wire floats behind a 4-byte
- *                      little-endian length
+ * re_transport_raw  float32 as they are: exact, no codec, no error feedback
+ * re_transport_nic  the codec's wire floats (fixed points), for a soft NIC on a tagged socket
+ * re_transport_app  the codec in this process: its stream of the wire floats behind a 4-byte
+ *                   little-endian length
  */
 struct re_transport {
     const char *name;
@@ -52,7 +52,7 @@ struct re_transport {
     int (*unpack)(const struct re_codec *c, const uint8_t *buf, size_t len, float *w, size_t wn);
 };
 
-extern const struct re_transport re_transport_raw, re_transport_tagged, re_transport_codec;
+extern const struct re_transport re_transport_raw, re_transport_nic, re_transport_app;
 
 /* The transport of that name ("raw", "nic", "app"), or NULL. */
 const struct re_transport *re_transport_named(const char *name);

@@ -51,7 +51,7 @@ def register(sub) -> None:
     m.add_argument("rest", nargs=argparse.REMAINDER)
     m.set_defaults(func=_mpirun)
 
-    from .mpienv import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT, FORMATS
+    from inceptionn.collective.pmpi_env import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT, FORMATS
     e = sub.add_parser(
         "env", help="print the environment that puts the MPI_Allreduce library into a job, for any launcher",
         description=ENV_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -112,7 +112,7 @@ examples:
 
 
 def _env(args) -> int:
-    from .mpienv import run_env
+    from inceptionn.collective.pmpi_env import run_env
     return run_env(args)
 
 

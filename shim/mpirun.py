@@ -40,13 +40,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inceptionn.collective import pmpi_env
+from inceptionn.collective.pmpi_env import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT
 from inceptionn.daemon import rules
 from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
 from inceptionn.errors import UserError
 
-from . import mpienv
 from .contract import TOS_SCALED, TOS_TAGGED
-from .mpienv import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT
 from .policy import Policy, check_log
 from .run import ENV_LOG, ENV_POLICY, policy_arg, preload_env
 
@@ -213,23 +213,23 @@ def parse_args(rest: list[str]) -> Options:
     if allreduce_opts and not opts.compress_allreduce:
         raise UserError(f"{allreduce_opts[0]} goes with --compress-allreduce")
     if "--allreduce-mode" in values:
-        opts.allreduce_mode = mpienv.check_mode(values["--allreduce-mode"])
+        opts.allreduce_mode = pmpi_env.check_mode(values["--allreduce-mode"])
     if values.get("--allreduce-error-feedback") and values.get("--no-allreduce-error-feedback"):
         raise UserError("--allreduce-error-feedback and --no-allreduce-error-feedback: give one")
     opts.allreduce_error_feedback = (True if values.get("--allreduce-error-feedback") else
                                      False if values.get("--no-allreduce-error-feedback") else None)
     if "--allreduce-codec" in values:
-        opts.allreduce_codec = mpienv.check_codec(values["--allreduce-codec"])   # nic + codec: allreduce_env
+        opts.allreduce_codec = pmpi_env.check_codec(values["--allreduce-codec"])   # nic + codec: allreduce_env
     if "--allreduce-min-count" in values:
-        opts.allreduce_min_count = mpienv.check_min_count(values["--allreduce-min-count"])
+        opts.allreduce_min_count = pmpi_env.check_min_count(values["--allreduce-min-count"])
     if "--allreduce-error-bound" in values:
-        opts.allreduce_error_bound = mpienv.check_error_bound(values["--allreduce-error-bound"])
+        opts.allreduce_error_bound = pmpi_env.check_error_bound(values["--allreduce-error-bound"])
     if "--allreduce-nicd-socket" in values:
-        opts.allreduce_nicd_socket = mpienv.check_nicd_socket(values["--allreduce-nicd-socket"])
+        opts.allreduce_nicd_socket = pmpi_env.check_nicd_socket(values["--allreduce-nicd-socket"])
     if "--allreduce-choose" in values:
         opts.allreduce_choose = check_choose(values["--allreduce-choose"])
     if opts.iface is not None:
-        mpienv.check_iface(opts.iface)
+        pmpi_env.check_iface(opts.iface)
     return opts
 
 
@@ -447,7 +447,7 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
         if not all(h["nic"]["running"] for h in hosts) and allreduce["mode"] == "nic":
             warnings.append("--allreduce-mode nic but the soft NIC does not run on every host: the ring's "
                             "tagged packets leave those hosts uncompressed (results are the same)")
-        rank_env = mpienv.with_library({**rank_env, **extra}, allreduce["library"])
+        rank_env = pmpi_env.with_library({**rank_env, **extra}, allreduce["library"])
     host_args: list[str] = []
     if testbed:
         tmpdir = tempfile.mkdtemp(prefix="inceptionn-mpirun-") if materialize else None
@@ -486,14 +486,14 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
 def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> tuple[dict, dict[str, str]]:
     """The MPI_Allreduce library's settings (for the report) and the variables that carry them:
     OpenMPI's build (this is OpenMPI's mpirun); a program that visibly runs another MPI is refused."""
-    family, what = mpienv.program_mpi(opts.program)
+    family, what = pmpi_env.program_mpi(opts.program)
     if family not in (None, "openmpi"):
-        raise UserError(f"{what} runs {mpienv.FAMILY_NAME[family]}, and inceptionn mpirun drives OpenMPI's mpirun: "
+        raise UserError(f"{what} runs {pmpi_env.FAMILY_NAME[family]}, and inceptionn mpirun drives OpenMPI's mpirun: "
                         "launch it with its own launcher and `inceptionn env --compress-allreduce --mpi mpich` "
                         "(docs/launchers.md)")
-    a = mpienv.Allreduce(opts.allreduce_mode, opts.allreduce_min_count, opts.allreduce_error_bound,
+    a = pmpi_env.Allreduce(opts.allreduce_mode, opts.allreduce_min_count, opts.allreduce_error_bound,
                          opts.allreduce_error_feedback, opts.allreduce_nicd_socket, opts.allreduce_codec)
-    return mpienv.allreduce_env(a, "openmpi", bool(hosts) and all(h["nic"]["running"] for h in hosts), iface,
+    return pmpi_env.allreduce_env(a, "openmpi", bool(hosts) and all(h["nic"]["running"] for h in hosts), iface,
                                 bool(opts.log))
 
 

@@ -102,7 +102,7 @@ def test_python_codecs_read_the_table():
     """Traits and defaults come from the codecs' C descriptions; the MPI library's codec list is
     the table's with a ring codec in C."""
     from inceptionn.codecs import available_codecs, get_codec, table
-    from inceptionn.shim import mpienv
+    from inceptionn.collective import pmpi_env
     assert set(table.names()) <= set(available_codecs())
     for name in table.names():
         d = table.description(name)
@@ -111,5 +111,5 @@ def test_python_codecs_read_the_table():
     assert get_codec("thc").bits == table.defaults("thc").bits
     assert get_codec("3lc").sparsity == table.defaults("3lc").sparsity
     assert get_codec("terngrad").clip == table.defaults("terngrad").clip
-    assert mpienv.codecs() == tuple(n for n in table.names() if table.description(n).app)
-    assert mpienv.nic_codecs() == ("inceptionn",) and mpienv.check_codec(None) == table.names()[0]
+    assert pmpi_env.codecs() == tuple(n for n in table.names() if table.description(n).app)
+    assert pmpi_env.nic_codecs() == ("inceptionn",) and pmpi_env.check_codec(None) == table.names()[0]

@@ -33,7 +33,8 @@ import pytest
 
 from cli_helpers import CLI, assert_one_line_error, run_cli
 from inceptionn.kernel_tc import testbed
-from inceptionn.shim import mpienv
+from inceptionn import shim
+from inceptionn.collective import pmpi_env
 from slurm_cluster import SLURM_TOOLS, SlurmCluster
 from inceptionn.daemon.stats import read as read_stats
 from test_mpi4py_suite import EXTRA, EXTRA_TAKEN, suite  # noqa: F401 (suite: the fixture)
@@ -77,7 +78,7 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
     for family, prog in progs.items():
         plan = env_of("--allreduce-mode", "app", "--", prog, "out", "10")
         assert plan["mpi"] == family
-        assert plan["env"]["LD_PRELOAD"] == mpienv.library(family)
+        assert plan["env"]["LD_PRELOAD"] == pmpi_env.library(family)
         assert plan["env"]["INCEPTIONN_MPI_MODE"] == "app"
         # mpi4py: read from the MPI extension it imports (its wheel carries both ABIs)
         r = subprocess.run([CLI, "env", "--compress-allreduce", "--json", "--", sys.executable,
@@ -87,7 +88,7 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
     # formats: srun's comma list (LD_PRELOAD's list joined with ':'), hydra's -genv pairs, shell
     base = ["env", "--compress-allreduce", "--mpi", "mpich", "--allreduce-mode", "app", "--iface", "198.18.0.0/24",
             "--allreduce-min-count", "1000"]
-    lib = mpienv.library("mpich")
+    lib = pmpi_env.library("mpich")
     r = subprocess.run([CLI, *base], capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": "/x/a.so"})
     assert r.stdout.strip() == ("INCEPTIONN_MPI_MODE=app,INCEPTIONN_MPI_CODEC=inceptionn,INCEPTIONN_MPI_MIN_COUNT=1000,"
                                 "INCEPTIONN_MPI_ERROR_BOUND=-10,INCEPTIONN_MPI_IFACE=198.18.0.0/24,"
@@ -140,7 +141,7 @@ def test_env_mistakes_are_one_line(progs, tmp_path):
     assert_one_line_error(run_cli("env", "--compress-allreduce", "--", str(prog)),
                           "runs libmpi.so.20, neither OpenMPI (libmpi.so.40) nor the MPICH ABI")
     r = subprocess.run([str(prog)], capture_output=True, text=True,
-                       env={**os.environ, "LD_PRELOAD": mpienv.library("openmpi")})
+                       env={**os.environ, "LD_PRELOAD": pmpi_env.library("openmpi")})
     assert r.returncode == 2 and "this program's MPI library is libmpi.so.20, neither OpenMPI's" in r.stderr, r.stderr
     # inceptionn mpirun drives OpenMPI: an MPICH program is refused before anything starts
     assert_one_line_error(run_cli("mpirun", "--compress-allreduce", "-np", "2", "--", progs["mpich"], "x", "1"),
@@ -152,14 +153,14 @@ def test_the_wrong_build_stops_the_program_in_one_line(progs, mpich_abi_dir):
     program) or in MPI_Init (mpi4py, which loads its libmpi late)."""
     for lib_family, prog_family in (("openmpi", "mpich"), ("mpich", "openmpi")):
         r = subprocess.run([progs[prog_family], "/nonexistent", "10"], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "LD_PRELOAD": mpienv.library(lib_family)})
+                           env={**os.environ, "LD_PRELOAD": pmpi_env.library(lib_family)})
         want = "mpich" if prog_family == "mpich" else "openmpi"
         assert r.returncode == 2, (r.returncode, r.stderr)
         assert r.stderr.count("\n") == 1 and f"`inceptionn env --compress-allreduce --mpi {want}`" in r.stderr, r.stderr
     # mpi4py told to use MPICH, with OpenMPI's build preloaded: the check in MPI_Init_thread
     r = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print('init returned')"], capture_output=True,
                        text=True, timeout=60,
-                       env={**os.environ, "LD_PRELOAD": mpienv.library("openmpi"), "MPI4PY_MPIABI": "mpich",
+                       env={**os.environ, "LD_PRELOAD": pmpi_env.library("openmpi"), "MPI4PY_MPIABI": "mpich",
                             "LD_LIBRARY_PATH": mpich_abi_dir})
     assert r.returncode == 2 and "init returned" not in r.stdout, (r.stdout, r.stderr)
     assert "this program runs the MPICH ABI (libmpi.so.12) but the preloaded MPI_Allreduce library is built for OpenMPI" \
@@ -174,7 +175,7 @@ def test_mpich_fortran_program(tmp_path):
     subprocess.run(["mpif90.mpich", "-O2", str(PROGS / "mpi_allreduce.f90"), "-o", str(prog)], check=True)
     n = 300_001
     runs = {}
-    for name, genv in (("lib", ["-genv", "LD_PRELOAD", mpienv.library("mpich"), "-genv", "INCEPTIONN_MPI_LOG", "1",
+    for name, genv in (("lib", ["-genv", "LD_PRELOAD", pmpi_env.library("mpich"), "-genv", "INCEPTIONN_MPI_LOG", "1",
                                 "-genv", "INCEPTIONN_MPI_ADDR", "127.0.0.1"]), ("plain", [])):
         (tmp_path / name).mkdir()
         runs[name] = subprocess.run(["mpiexec.hydra", *genv, "-n", "2", str(prog), str(tmp_path / name), str(n)],
@@ -221,7 +222,7 @@ def hydra(tb, tmp_path: Path, genv: list[str], argv: list[str], *, timeout: floa
     hostmap = tmp_path / "hosts.json"
     hostmap.write_text(json.dumps({h.ip: h.command([], hostname=h.name) for h in tb.hosts}))
     agent = tmp_path / "agent"
-    agent.write_text(f"#!/bin/sh\nexec {sys.executable} -I {Path(mpienv.__file__).with_name('rsh_agent.py')} \"$@\"\n")
+    agent.write_text(f"#!/bin/sh\nexec {sys.executable} -I {Path(shim.__file__).with_name('rsh_agent.py')} \"$@\"\n")
     agent.chmod(0o755)
     cmd = ["mpiexec.hydra", "-launcher", "rsh", "-launcher-exec", str(agent), "-iface", tb.hosts[0].ifname,
            "-hosts", ",".join(h.ip for h in tb.hosts), *genv, "-n", str(len(tb.hosts)), *argv]
@@ -318,7 +319,7 @@ def test_slurm_srun_and_sbatch(tb_name, tmp_path, progs, mpich_abi_dir):
             py_env = dict(env, MPI4PY_MPIABI=family)
             r = subprocess.run([CLI, "env", "--compress-allreduce", "--iface", net, "--log", "--", *mpi4py_script],
                                capture_output=True, text=True, env=py_env, timeout=60)
-            assert r.returncode == 0 and f"LD_PRELOAD={mpienv.library(family)}" in r.stdout, r.stderr
+            assert r.returncode == 0 and f"LD_PRELOAD={pmpi_env.library(family)}" in r.stdout, r.stderr
             py_out = tmp_path / f"{family}-py"
             py_out.mkdir()
             r = sc.run([*srun, mpi, f"--export=ALL,{r.stdout.strip()}", *mpi4py_script, str(py_out), str(N)],

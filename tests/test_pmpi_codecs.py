@@ -128,7 +128,9 @@ def test_library_defaults_and_refusals(prog, tmp_path):  # noqa: F811
                         ({"INCEPTIONN_MPI_CODEC": "zip"},
                          "error: bad INCEPTIONN_MPI_CODEC 'zip': use inceptionn, thc, 3lc or terngrad"),
                         ({"INCEPTIONN_MPI_HEADROOM": "25"},
-                         "error: bad INCEPTIONN_MPI_HEADROOM '25': bits of precision given up, 0..24")):
+                         "error: bad INCEPTIONN_MPI_HEADROOM '25': bits of precision given up, 0..24"),
+                        ({"INCEPTIONN_MPI_ERROR_BOUND": "0"},
+                         "error: bad INCEPTIONN_MPI_ERROR_BOUND '0': use -30..-1 (nicd --error-bound)")):
         r = subprocess.run([prog, str(tmp_path), "2000"], env={**base, **env}, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr

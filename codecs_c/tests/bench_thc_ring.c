@@ -108,7 +108,7 @@ int main(int argc, char **argv)
             k[r].thc.noise_seed = 1000u * (unsigned)call + (unsigned)r;
             re_codec_thc(&k[r].codec, &k[r].thc);
             k[r].ring = (struct re_ring){.rank = r, .size = N, .send_fd = fds[r][0], .recv_fd = fds[(r + N - 1) % N][1],
-                                         .timeout_ms = 600000, .chunk = n, .tp = &re_transport_codec,
+                                         .timeout_ms = 600000, .chunk = n, .tp = &re_transport_app,
                                          .codec = &k[r].codec};
             k[r].n = n;
             memcpy(k[r].x, in[r], n * sizeof(float));

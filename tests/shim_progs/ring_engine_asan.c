@@ -132,8 +132,8 @@ static void rings(void)
             float **raw = alloc(N, n), **nic = alloc(N, n), **app = alloc(N, n);
             float **rn = alloc(N, n), **ra = alloc(N, n);
             CHECK(ring(N, n, chunk, &re_transport_raw, 0, raw, NULL, NULL) == 0, "raw N=%d n=%zu", N, n);
-            CHECK(ring(N, n, chunk, &re_transport_tagged, 1, nic, rn, NULL) == 0, "nic N=%d n=%zu", N, n);
-            CHECK(ring(N, n, chunk, &re_transport_codec, 1, app, ra, NULL) == 0, "app N=%d n=%zu", N, n);
+            CHECK(ring(N, n, chunk, &re_transport_nic, 1, nic, rn, NULL) == 0, "nic N=%d n=%zu", N, n);
+            CHECK(ring(N, n, chunk, &re_transport_app, 1, app, ra, NULL) == 0, "app N=%d n=%zu", N, n);
             int same = 1, nic_app = 1, near_raw = 1, near_scaled = 1, ef = 1;
             for (int r = 0; r < N; r++) {
                 same &= !memcmp(raw[r], raw[0], n * 4) && !memcmp(nic[r], nic[0], n * 4) &&
@@ -209,18 +209,18 @@ static void hostile_peers(void)
     memcpy(bad_val, w, sizeof w);
     bad_exp[0] = 5.0f;
     bad_val[100] = 3.0f;
-    CHECK(hostile(&re_transport_tagged, bad_exp, sizeof bad_exp, 0, 5000, NULL) == RE_E_DATA, "bad exponent accepted");
-    CHECK(hostile(&re_transport_tagged, bad_val, sizeof bad_val, 0, 5000, NULL) == RE_E_DATA, "bad value accepted");
-    CHECK(hostile(&re_transport_tagged, w, 100, 1, 5000, NULL) == RE_E_PEER, "a cut chunk then close: not a peer failure");
-    CHECK(hostile(&re_transport_tagged, NULL, 0, 0, 300, NULL) == RE_E_TIMEOUT, "silence: not a timeout");
+    CHECK(hostile(&re_transport_nic, bad_exp, sizeof bad_exp, 0, 5000, NULL) == RE_E_DATA, "bad exponent accepted");
+    CHECK(hostile(&re_transport_nic, bad_val, sizeof bad_val, 0, 5000, NULL) == RE_E_DATA, "bad value accepted");
+    CHECK(hostile(&re_transport_nic, w, 100, 1, 5000, NULL) == RE_E_PEER, "a cut chunk then close: not a peer failure");
+    CHECK(hostile(&re_transport_nic, NULL, 0, 0, 300, NULL) == RE_E_TIMEOUT, "silence: not a timeout");
     uint8_t long_frame[8] = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4};
-    CHECK(hostile(&re_transport_codec, long_frame, sizeof long_frame, 0, 5000, NULL) == RE_E_DATA, "long frame accepted");
+    CHECK(hostile(&re_transport_app, long_frame, sizeof long_frame, 0, 5000, NULL) == RE_E_DATA, "long frame accepted");
     uint8_t junk[4 + 40] = {40, 0, 0, 0};
     for (int i = 4; i < 44; i++)
         junk[i] = (uint8_t)(0xA5 ^ i);
-    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000, NULL) == RE_E_DATA, "corrupt stream accepted");
+    CHECK(hostile(&re_transport_app, junk, sizeof junk, 0, 5000, NULL) == RE_E_DATA, "corrupt stream accepted");
     uint8_t empty[4] = {0, 0, 0, 0};
-    CHECK(hostile(&re_transport_codec, empty, sizeof empty, 0, 5000, NULL) == RE_E_DATA, "empty frame accepted");
+    CHECK(hostile(&re_transport_app, empty, sizeof empty, 0, 5000, NULL) == RE_E_DATA, "empty frame accepted");
     CHECK(hostile(&re_transport_raw, NULL, 0, 1, 5000, NULL) == RE_E_PEER, "closed: not a peer failure");
 }
 
@@ -262,7 +262,7 @@ static int thc_ring(int N, size_t n, float **out, float **res)
         thc_state(&st[r], N, r, norm);
         re_codec_thc(&codec[r], &st[r]);
         k[r] = (struct rank){.ring = {.rank = r, .size = N, .send_fd = fds[r][0], .recv_fd = fds[(r + N - 1) % N][1],
-                                      .timeout_ms = 20000, .chunk = n ? n : 1, .tp = &re_transport_codec,
+                                      .timeout_ms = 20000, .chunk = n ? n : 1, .tp = &re_transport_app,
                                       .codec = &codec[r]},
                              .x = out[r], .res = res[r], .n = n};
         for (size_t i = 0; i < n; i++)
@@ -332,7 +332,7 @@ static int thc_hostile(const uint8_t *blob, size_t len, uint32_t frame_len)
         return -101;
     free(frame);
     struct rank k = {.ring = {.rank = 0, .size = 2, .send_fd = out[0], .recv_fd = in[1], .timeout_ms = 1000,
-                              .chunk = 256, .tp = &re_transport_codec, .codec = &codec},
+                              .chunk = 256, .tp = &re_transport_app, .codec = &codec},
                      .x = x, .n = n};
     rank_main(&k);
     close(in[0]), close(in[1]), close(out[0]), close(out[1]);
@@ -395,7 +395,7 @@ static void reencoding_rings(const char *what, struct re_codec *codec)
             for (int r = 0; r < N; r++)
                 each[r] = &codec[r];
             float **out = alloc(N, n), **res = alloc(N, n);
-            CHECK(ring(N, n, n, &re_transport_codec, 1, out, res, each) == 0, "%s N=%d n=%zu", what, N, n);
+            CHECK(ring(N, n, n, &re_transport_app, 1, out, res, each) == 0, "%s N=%d n=%zu", what, N, n);
             int same = 1, ef = 1;
             for (int r = 0; r < N; r++)
                 same &= !memcmp(out[r], out[0], n * 4);
@@ -412,10 +412,10 @@ static void reencoding_rings(const char *what, struct re_codec *codec)
     uint8_t junk[4 + 40] = {40, 0, 0, 0};
     for (int i = 4; i < 44; i++)
         junk[i] = (uint8_t)(0x5A ^ i);
-    CHECK(hostile(&re_transport_codec, junk, sizeof junk, 0, 5000, &codec[0]) == RE_E_DATA, "%s: corrupt stream accepted",
+    CHECK(hostile(&re_transport_app, junk, sizeof junk, 0, 5000, &codec[0]) == RE_E_DATA, "%s: corrupt stream accepted",
           what);
     uint8_t cut[4 + 11] = {11, 0, 0, 0};                       /* shorter than a 12-byte header */
-    CHECK(hostile(&re_transport_codec, cut, sizeof cut, 0, 5000, &codec[0]) == RE_E_DATA, "%s: cut header accepted", what);
+    CHECK(hostile(&re_transport_app, cut, sizeof cut, 0, 5000, &codec[0]) == RE_E_DATA, "%s: cut header accepted", what);
 }
 
 static void other_codecs(void)
@@ -441,11 +441,11 @@ static void arguments(void)
     float x[4] = {1, 2, 3, 4}, res[4] = {0};
     char err[128];
     struct re_ring r = {.rank = 0, .size = 1, .send_fd = -1, .recv_fd = -1, .timeout_ms = 100, .chunk = 8,
-                        .tp = &re_transport_tagged, .codec = &codec};
+                        .tp = &re_transport_nic, .codec = &codec};
     CHECK(re_allreduce(&r, x, 4, res, NULL, err, sizeof err) == RE_OK && x[3] == 4.0f, "a ring of one");
     r.tp = &re_transport_raw;
     CHECK(re_allreduce(&r, x, 4, res, NULL, err, sizeof err) == RE_E_ARG, "error feedback on exact floats accepted");
-    r.tp = &re_transport_tagged;
+    r.tp = &re_transport_nic;
     r.codec = NULL;
     CHECK(re_allreduce(&r, x, 4, NULL, NULL, err, sizeof err) == RE_E_ARG, "no codec accepted");
     r.codec = &codec;

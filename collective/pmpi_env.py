@@ -22,7 +22,7 @@ from inceptionn.errors import UserError
 
 from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
 
-from .run import preload_library
+from inceptionn.shim.run import preload_library
 
 LIBRARIES = {"openmpi": "inceptionn.collective._pmpi_allreduce",
              "mpich": "inceptionn.collective._pmpi_allreduce_mpich"}
@@ -279,10 +279,10 @@ def run_env(args) -> int:
     iface = check_iface(args.iface) if args.iface else None
     nic = False
     if a.mode == "auto" and a.codec in nic_codecs():   # only this host can be checked; the job's hosts may differ
-        from .mpirun import nic_status
+        from inceptionn.shim.mpirun import nic_status
         nic = nic_status()["running"]
     settings, env = allreduce_env(a, family, nic, iface, args.log)
-    from .mpirun import with_choice
+    from inceptionn.shim.mpirun import with_choice
     settings, env = with_choice(settings, env, args.allreduce_choose)
     env = with_library(env, settings["library"])   # after what the caller preloads already
     if args.json:
