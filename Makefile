@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# `make` alone builds everything (the profile flag rule below would otherwise be the first goal)
+.DEFAULT_GOAL := all
 # Every codec: NAME_codec.{h,c,cdef} in codecs_c/, a C unit test codecs_c/tests/test_NAME_codec.c
 # and a fuzz target codecs_c/fuzz/fuzz_NAME.c are picked up by the wildcards below.
 CODEC_SRC := $(filter-out codecs_c/_%,$(wildcard codecs_c/*.c))
