@@ -6,7 +6,7 @@ configuration within a seed) so a change in the machine's load spreads over all 
 per configuration: time per iteration split into compute, communication, summation and codec
 work, communication change and speedup against WA, bytes on the wire, and the final test accuracy
 as mean, standard deviation and range over the seeds, with its difference to the uncompressed
-ring (INC) after the same epochs.
+ring (INC) after the same epochs, and the time to reach INC's final accuracy minus 0.3 point.
 """
 from __future__ import annotations
 
