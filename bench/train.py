@@ -6,7 +6,7 @@ configuration within a seed) so a change in the machine's load spreads over all 
 per configuration: time per iteration split into compute, communication, summation and codec
 work, communication change and speedup against WA, bytes on the wire, and the final test accuracy
 as mean, standard deviation and range over the seeds, with its difference to the uncompressed
-ring (INC) after the same epochs.
+ring (INC) after the same epochs, and the time to reach INC's final accuracy minus 0.3 point.
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ CONFIGS = {
     "ddp": ("ddp", "none", None, None),
     "ddp-fp16": ("ddp", "fp16", None, None),
     "ddp-bf16": ("ddp", "bf16", None, None),
+    "ddp-powersgd-r1": ("ddp", "powersgd-r1", None, None),
+    "ddp-powersgd-r4": ("ddp", "powersgd-r4", None, None),
 }
 DEFAULT_CONFIGS = ",".join(c for c in CONFIGS if not c.startswith("ddp"))
 
@@ -83,6 +85,40 @@ def accuracy_rows(results, diverged=(), baseline: str = "INC") -> list[dict]:
     return rows
 
 
+TTA_MARGIN = 0.003   # time to accuracy: the baseline's final accuracy minus 0.3 point
+
+
+def time_to_accuracy(curve, target: float, seconds_per_epoch: float) -> float | None:
+    """Seconds until the accuracy ``curve`` (one value per epoch) first reaches ``target``, at
+    ``seconds_per_epoch`` per epoch; None if it never does."""
+    for epoch, acc in enumerate(curve, start=1):
+        if acc >= target:
+            return epoch * seconds_per_epoch
+    return None
+
+
+def time_to_accuracy_rows(results, baseline_names=("INC", "DDP")) -> dict:
+    """Per configuration: the epoch-wise accuracy curve (mean over seeds), and the measured time
+    (mean seconds per iteration x iterations) at which it first reaches the first present
+    baseline's mean final accuracy minus ``TTA_MARGIN``."""
+    by: dict[str, list] = {}
+    for r in results:
+        by.setdefault(r.name, []).append(r)
+    base = next((b for b in baseline_names if b in by), None)
+    if base is None:
+        return {"baseline": None, "target": None, "rows": []}
+    target = statistics.mean(r.final_accuracy for r in by[base]) - TTA_MARGIN
+    rows = []
+    for name, runs in by.items():
+        epochs = min(len(r.accuracy) for r in runs)
+        curve = [statistics.mean(r.accuracy[e] for r in runs) for e in range(epochs)]
+        per_epoch = statistics.mean(r.times["iteration"] for r in runs) * runs[0].iters_per_epoch
+        secs = time_to_accuracy(curve, target, per_epoch)
+        rows.append({"name": name, "curve": curve, "seconds": secs,
+                     "epoch": None if secs is None else round(secs / per_epoch)})
+    return {"baseline": base, "target": target, "rows": rows}
+
+
 def print_report(report: dict, results) -> None:
     from ..train.report import format_table, table_notes
 
@@ -107,6 +143,15 @@ def print_report(report: dict, results) -> None:
             continue
         span = f"{100 * r['min']:.2f}-{100 * r['max']:.2f}"
         print(f"{r['name']:<28}{100 * r['mean']:>7.2f}%{100 * r['std']:>7.2f}{span:>16}{vs:>9}   {per}")
+    tta = report["time_to_accuracy"]
+    if tta["baseline"]:
+        print()
+        print(f"Time to accuracy: measured time per iteration x iterations until the accuracy per epoch "
+              f"(mean over seeds) first reaches {tta['baseline']}'s final accuracy minus "
+              f"{100 * TTA_MARGIN:.1f} point ({100 * tta['target']:.2f}%):")
+        for r in tta["rows"]:
+            when = "never" if r["seconds"] is None else f"{r['seconds']:.1f} s (epoch {r['epoch']})"
+            print(f"{r['name']:<28}{when}")
     print()
     print(table_notes())
     print("Accuracy target: INC+C within 0.5 point of INC (mean over seeds). no-scaling / no-EF: the soft NIC "
@@ -161,6 +206,7 @@ def run(args) -> int:
                      "load_average": os.getloadavg()},
         "time": comparison_rows(results),
         "accuracy": accuracy_rows(results, diverged),
+        "time_to_accuracy": time_to_accuracy_rows(results),
         "diverged": [{"name": n, "seed": sd} for n, sd in diverged],
         "runs": [r.to_dict() for r in results],
     }
@@ -182,9 +228,9 @@ def add_arguments(p) -> None:
 
     add_training_arguments(p, epochs_default=20, switches=False)  # digits: converged, so seeds agree to ~1 point
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help=f"comma-separated configurations (default {DEFAULT_CONFIGS}); ddp, ddp-fp16, ddp-bf16 "
-                   "on request: DDP's exchange over gloo without a hook and with its fp16 / bf16 compress hooks "
-                   "(need torch)")
+                   help=f"comma-separated configurations (default {DEFAULT_CONFIGS}); ddp, ddp-fp16, ddp-bf16, "
+                   "ddp-powersgd-r1, ddp-powersgd-r4 on request: DDP's exchange over gloo without a hook, with its "
+                   "fp16 / bf16 compress hooks and with powerSGD_hook at rank 1 / 4 (need torch)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, from --seed on (default 3)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seed-list", metavar="S,S,...", help="explicit seeds instead of --seeds/--seed")

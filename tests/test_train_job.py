@@ -40,16 +40,45 @@ def test_config_names_and_checks():
     assert TrainConfig(compress="nic", scaling=False, error_feedback=False).name == "INC+C (no scaling, no EF)"
     assert TrainConfig(compress="terngrad").name == "INC+terngrad"
     assert TrainConfig(algo="ddp").name == "DDP" and TrainConfig(algo="ddp", compress="fp16").name == "DDP fp16 hook"
+    TrainConfig(algo="ddp", compress="powersgd-r4").check()
     for bad, needle in [(dict(algo="ps"), "unknown algorithm"), (dict(compress="zip"), "unknown compression"),
                         (dict(epochs=0), "--epochs"), (dict(max_iters=0), "--max-iters"),
                         (dict(error_bound=3), "--error-bound"), (dict(lr=0), "--lr"),
                         (dict(epochs=2, decay_at=3), r"--decay-at must be an epoch from 1 to --epochs \(2\)"),
                         (dict(decay_at=0), "--decay-at"), (dict(batch=0), "--batch must be at least 1"),
                         (dict(warmup=-1), "--warmup-iters must be 0 or more"),
-                        (dict(algo="ddp", compress="nic"), "ddp runs DDP's hooks: --compress none, fp16, bf16"),
+                        (dict(algo="ddp", compress="nic"),
+                         "ddp runs DDP's hooks: --compress none, fp16, bf16, powersgd-r1, powersgd-r4"),
                         (dict(compress="fp16"), "unknown compression")]:
         with pytest.raises(UserError, match=needle):
             TrainConfig(**bad).check()
+
+
+def test_time_to_accuracy_on_hand_made_curves():
+    from inceptionn.bench.train import time_to_accuracy, time_to_accuracy_rows
+
+    assert time_to_accuracy([0.5, 0.8, 0.9, 0.95], 0.9, 2.0) == 6.0      # epoch 3, 2 s each
+    assert time_to_accuracy([0.95, 0.5], 0.9, 3.0) == 3.0                # first reach counts
+    assert time_to_accuracy([0.5, 0.89], 0.9, 1.0) is None               # never
+    assert time_to_accuracy([], 0.0, 1.0) is None
+
+    def run(name, seed, accs, per_iter):
+        return RunResult(config={"seed": seed}, name=name, hosts=2, rate=None, mtu=1500, dataset="d", iters_per_epoch=10,
+                         iterations=10 * len(accs), accuracy=accs, final_accuracy=accs[-1],
+                         replicas_identical=True, replicas=[], times={"iteration": per_iter},
+                         train_seconds=1.0, wall_seconds=1.0, bytes={})
+
+    # INC ends at 0.90 over seeds: the target is 0.897. X's mean curve 0.80, 0.898: epoch 2 at
+    # 0.05 s/iteration = 1.0 s, though seed 1 alone reaches it at epoch 1; Y's mean stays below.
+    res = [run("INC", 0, [0.7, 0.91], 0.1), run("INC", 1, [0.7, 0.89], 0.1),
+           run("X", 0, [0.70, 0.896], 0.05), run("X", 1, [0.90, 0.900], 0.05),
+           run("Y", 0, [0.8, 0.896], 0.01)]
+    tta = time_to_accuracy_rows(res)
+    assert tta["baseline"] == "INC" and tta["target"] == pytest.approx(0.897)
+    rows = {r["name"]: r for r in tta["rows"]}
+    assert rows["INC"]["seconds"] == pytest.approx(2.0) and rows["INC"]["epoch"] == 2
+    assert rows["X"]["seconds"] == pytest.approx(1.0) and rows["X"]["curve"] == pytest.approx([0.8, 0.898])
+    assert rows["Y"]["seconds"] is None and rows["Y"]["epoch"] is None
 
 
 def test_shards_are_disjoint_and_equal():
@@ -258,6 +287,29 @@ def test_ddp_hooks_put_16_bit_gradients_on_the_wire(tb_name, no_leaks):
     assert wire["DDP"] > 2 * (3 - 1) / 3 * params * 3, wire   # a ring allreduce: 2(N-1)/N of it per host
     for hook in ("DDP fp16 hook", "DDP bf16 hook"):
         assert 0.4 < wire[hook] / wire["DDP"] < 0.6, wire
+
+
+@needs_root
+def test_ddp_powersgd_hook_trains_on_fewer_bytes(tb_name, no_leaks):
+    """torch's powerSGD_hook at rank 1 and 4: plain allreduce for its warm-up (2 of 20
+    iterations here), then P and Q factors per weight matrix; it trains (accuracy twice
+    digits' 10% chance), the replicas end identical, and over the whole run the links carry less
+    than a third of uncompressed DDP's bytes, rank 1 less than rank 4."""
+    from inceptionn.train.torch_hooks import powersgd_start_iter
+
+    assert powersgd_start_iter(20) == 2 and powersgd_start_iter(1000) == 100
+    runs = {}
+    with TrainingTestbed(hosts=3, rate=None, mtu=9000, name=tb_name) as bed:
+        for compress in ("none", "powersgd-r1", "powersgd-r4"):
+            r = bed.run(TrainConfig(algo="ddp", compress=compress, epochs=1, max_iters=20), lambda c, e: None)
+            runs[r.name] = r
+    assert set(runs) == {"DDP", "DDP powersgd-r1 hook", "DDP powersgd-r4 hook"}
+    wire = {k: r.bytes["wire_per_iteration"] for k, r in runs.items()}
+    for name, r in runs.items():
+        assert r.replicas_identical and r.iterations == 20, name
+        assert r.final_accuracy > 0.2, (name, r.final_accuracy)
+        _check_breakdown(r)
+    assert wire["DDP powersgd-r1 hook"] < wire["DDP powersgd-r4 hook"] < wire["DDP"] / 3, wire
 
 
 @needs_root

@@ -10,7 +10,8 @@ momentum 0.9, weight decay 5e-5, batch 25 per worker unless --batch) data-parall
 network-namespace hosts joined by shaped links, one worker per host. --algo inc is the INCEPTIONN
 ring (gradients on both legs, every replica applies the same update); --algo wa is the
 worker-aggregator baseline (rank 0 aggregates, sums, updates and returns the weights); --algo ddp
-is PyTorch DDP's exchange over gloo through torch's own hooks (--compress none, fp16 or bf16).
+is PyTorch DDP's exchange over gloo through torch's own hooks (--compress none, fp16, bf16,
+powersgd-r1 or powersgd-r4).
 --compress nic runs the soft NIC on every host and tags the gradient sockets; a codec name
 compresses in the application instead. Reports test accuracy per epoch, time per iteration split
 into compute, communicate and sum, and bytes on the wire. Progress goes to stderr, --json output
@@ -79,10 +80,12 @@ def _add_arguments(p) -> None:
     add_training_arguments(p, epochs_default=1)
     p.add_argument("--algo", choices=["wa", "inc", "ddp"], default="inc",
                    help="inc: the INCEPTIONN ring (default); wa: worker-aggregator; ddp: PyTorch DDP's exchange "
-                   "over gloo (needs torch), with --compress none, fp16 or bf16: DDP's own compress hooks")
+                   "over gloo (needs torch), with --compress none, fp16, bf16, powersgd-r1 or powersgd-r4: DDP's own "
+                   "compress hooks and powerSGD_hook at rank 1 / 4")
     p.add_argument("--compress", default="none", metavar="HOW",
                    help=f"none (default), nic (the soft NIC on every host, INCEPTIONN codec at --error-bound), "
                    f"nic-scaled (the soft NIC's per-packet scaled codec: the workers send raw values), "
+                   f"with --algo ddp fp16, bf16, powersgd-r1 or powersgd-r4, "
                    f"or a codec name to compress in the application: {_codec_choices()}")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the shuffling (default 0)")
     p.add_argument("--batch", type=int, default=25, metavar="B",

@@ -51,7 +51,8 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 class TrainConfig:
     """One training run. ``compress``: ``none``, ``nic`` (tagged sockets, the soft NICs compress
     with the INCEPTIONN codec at ``error_bound``) or a codec name (compressed in the application);
-    with ``algo="ddp"``: ``none`` or a DDP hook, ``fp16`` / ``bf16`` (train/torch_hooks.py).
+    with ``algo="ddp"``: ``none`` or a DDP hook, ``fp16`` / ``bf16`` / ``powersgd-r1`` /
+    ``powersgd-r4`` (train/torch_hooks.py).
     ``warmup``: the learning rate rises linearly to ``lr`` over the first iterations."""
 
     algo: str = "inc"

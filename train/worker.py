@@ -178,7 +178,9 @@ def run(cfg: dict) -> int:
     if cfg["algo"] == "ddp":
         from inceptionn.train.torch_hooks import HookGroup
 
-        group = HookGroup(cfg["compress"], cfg["master"], rank, world, timeout=cfg.get("timeout", 300.0))
+        group = HookGroup(cfg["compress"], cfg["master"], rank, world, timeout=cfg.get("timeout", 300.0),
+                          shapes=[t.shape for _, t in model.tensors(model.params)],
+                          total_iters=iters * cfg["epochs"])
     else:
         group = make_group(cfg, mode, codec)
     emit("ready", rank=rank, world=world, dataset=data.name, n_train=len(data.x_train),
