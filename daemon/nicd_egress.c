@@ -138,19 +138,20 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
          * and the kernel would cut the compressed packet into MSS pieces. So every GSO skb (even
          * one within the MTU) leaves by the raw socket or unchanged; so does anything over the
          * MTU. An unknown MTU (0) leaves it unchanged. The packets are cut to what the
-         * connection may carry: the path MTU, and the peer's MSS (the receiver's limit, or a
-         * clamp on the path), as TCP cuts its own (a hop that drops ICMP "fragmentation
-         * needed" never tells us its MTU, but the clamp or the peer's MSS does). */
+         * connection may carry: the path MTU, and the flow's MSS (the smaller handshake MSS
+         * option: the receiver's limit, a clamp on the path or our own TCP_MAXSEG), as TCP cuts
+         * its own (a hop that drops ICMP "fragmentation needed" never tells us its MTU, but the
+         * clamp or the MSS does). */
         size_t mtu = egress_mtu(cx, nfq_get_outdev(nfa), &p, 0);
         /* the MSS counts from fixed headers: 20 bytes of TCP and 20 of IPv4, or 40 of IPv6 */
-        size_t mss_len = (p.v6 ? 60 : 40) + (size_t)fi.peer_mss;
+        size_t mss_len = (p.v6 ? 60 : 40) + (size_t)fi.mss;
         if (mtu > mss_len)
             mtu = mss_len;
         int gso_skb = (nfq_get_skbinfo(nfa) & NFQA_SKB_GSO) != 0; /* one attribute walk per packet */
         if (gso_skb || p.len > mtu) {
             /* v3: a GSO skb goes back as one train cut where the kernel will cut it: at its own
              * gso_size, which the queue does not report but TCP derives (tcp_current_mss) from
-             * the path MTU and the peer's MSS, both in mtu, less this skb's IP and TCP headers. A
+             * the path MTU and the flow's MSS, both in mtu, less this skb's IP and TCP headers. A
              * wrong guess only misplaces the cuts: GRO joins a whole train back and the walk
              * still finds every header; a segment that arrives alone and cut wrong is dropped
              * (drop_header) and TCP retransmits it. */

@@ -44,7 +44,7 @@ struct flow {
     uint32_t retx_seq;  /* where the last retransmitted range started */
     uint32_t retx_since; /* ... and when it was first sent again (monotonic seconds) */
     uint32_t new_bytes, retx_bytes; /* sent for the first time, and again */
-    uint16_t peer_mss;
+    uint16_t mss;
     uint8_t retx;       /* sends of the range at retx_seq */
     uint8_t high_byte;  /* the byte before high */
     uint8_t high_fin;   /* a FIN followed it */
@@ -450,7 +450,7 @@ static int erase_key(const struct nicd_flow_key *k, uint32_t isn, int idle_only)
     return done;
 }
 
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t mss,
                          uint64_t owner)
 {
     int rc = NICD_FLOWS_FULL;
@@ -468,7 +468,7 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
             count++;
             slot_lock(&slots[i]);
             slots[i].f = (struct flow){.key = *k, .isn = isn, .peer_isn = peer_isn, .last_seen = now,
-                                       .peer_mss = peer_mss, .owner = owner, .view_asked = now};
+                                       .mss = mss, .owner = owner, .view_asked = now};
             __atomic_store_n(&slots[i].tag, tag_of(k), __ATOMIC_RELEASE); /* published whole */
             slot_unlock(&slots[i]);
             owners[o].owner = owner;
@@ -538,7 +538,7 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
     }
     if (s->new_bytes > (1u << 30)) /* keep the ratio about recent data */
         s->new_bytes /= 2, s->retx_bytes /= 2;
-    *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .peer_mss = s->peer_mss,
+    *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .mss = s->mss,
                                   .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
                                   .view = s->view, .peer_trains = s->peer_trains};
     if (!s->view.known && now - s->view_asked >= NICD_VIEW_RETRY_S)

@@ -67,7 +67,8 @@ struct nicd_hello {
     uint32_t isn;     /* our ISN (SENT, ANSWERED) */
     uint32_t peer_isn; /* the peer's ISN (PEER, ANSWERED) */
     uint8_t tries;     /* ANSWERED: compressed packets that failed to confirm it */
-    uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED); 0 if none */
+    uint16_t peer_mss; /* the MSS option of the peer's SYN (PEER, ANSWERED) */
+    uint16_t own_mss;  /* the MSS option of our SYN or SYN-ACK (SENT, ANSWERED) */
     uint8_t peer_trains; /* its hello said it restores v3 segment trains (PEER, ANSWERED) */
     uint8_t nonce[NICD_NONCE_LEN];
     uint64_t owner;    /* who the flow is charged to once negotiated (nicd_flows_owner_*) */
@@ -86,14 +87,14 @@ uint64_t nicd_flows_owner_of_peer(const struct nicd_flow_key *k); /* k: our egre
 int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s, uint32_t owner_cap);
 void nicd_flows_free(void);
 
-/* Record a negotiated flow, our ISN, the peer's and the MSS the peer advertised in its handshake
- * (what its segments toward it may carry; 0 if its SYN had no MSS option), charged to owner,
+/* Record a negotiated flow, our ISN, the peer's and the flow's MSS (the smaller of the two
+ * handshake MSS options, the clamp TCP itself applies: nicd_flow_mss), charged to owner,
  * replacing an older entry of the key. Its view is unknown (0) until nicd_flows_set_view.
  * Returns 0, NICD_FLOWS_FULL when the table is full, or NICD_FLOWS_OWNER_FULL when the owner
  * already holds owner_cap flows (the flow then simply stays raw). */
 #define NICD_FLOWS_FULL (-1)
 #define NICD_FLOWS_OWNER_FULL (-2)
-int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t peer_mss,
+int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn, uint16_t mss,
                          uint64_t owner);
 
 /* Store the view conntrack gave for flow k if k is still the connection of our ISN isn (not
@@ -144,7 +145,7 @@ enum nicd_flow_state {
 struct nicd_flow_info {
     uint32_t isn;       /* our ISN */
     uint32_t peer_isn;  /* the peer's ISN (its low bits are the echo our packets carry) */
-    uint16_t peer_mss;  /* the MSS the peer advertised */
+    uint16_t mss;       /* the smaller of the two handshake MSS options */
     uint32_t high;      /* GIVE_UP: the end of the furthest range sent, */
     uint8_t high_byte;  /* and the original byte just before it, */
     uint8_t high_fin;   /* and whether a FIN followed it */

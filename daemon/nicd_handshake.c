@@ -60,12 +60,21 @@ static void put_hello(struct ctx *cx, const struct nicd_flow_key *k, const struc
         COUNT(cx, HELLO_EVICTED_OWN, 1);
 }
 
+/* The flow's MSS, as TCP clamps it (tcp_connect_init, tcp_openreq_init): the smaller of the two
+ * handshake MSS options. Our own option is what our socket's TCP_MAXSEG (or the route's advmss)
+ * allowed, the peer's what its receiver or a clamp on the path allows; the egress gso_size guess
+ * (nicd_egress.c) must take both, or a sender with a small TCP_MAXSEG is cut at the wrong size. */
+static uint16_t flow_mss(const struct nicd_hello *h)
+{
+    return h->own_mss < h->peer_mss ? h->own_mss : h->peer_mss;
+}
+
 /* Negotiate flow k and count the outcome. A negotiated flow's view before NAT is asked of the
  * slow path (nicd_conntrack.h), never here: until it is answered, its super-packets leave raw. */
 static void negotiate(struct ctx *cx, const struct nicd_flow_key *k, uint32_t isn, uint32_t peer_isn,
-                      uint16_t peer_mss, uint64_t owner, int peer_trains)
+                      uint16_t mss, uint64_t owner, int peer_trains)
 {
-    int rc = nicd_flows_negotiate(k, isn, peer_isn, peer_mss, owner);
+    int rc = nicd_flows_negotiate(k, isn, peer_isn, mss, owner);
     if (rc == NICD_FLOWS_OWNER_FULL) {
         COUNT(cx, FLOW_OWNER_FULL, 1);
     } else if (rc < 0) {
@@ -86,7 +95,7 @@ void egress_syn(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
 {
     nicd_flows_forget(k);
     uint32_t uid;
-    struct nicd_hello h = {.state = NICD_HELLO_SENT, .isn = p->seq,
+    struct nicd_hello h = {.state = NICD_HELLO_SENT, .isn = p->seq, .own_mss = mss_option(p),
                            .owner = nfq_get_uid(nfa, &uid) > 0 ? NICD_OWNER_UID(uid) : nicd_flows_owner_of_peer(k)};
     nicd_flows_nonce(k, p->seq, h.nonce);
     struct nicd_hello_opt o = our_option(cx, NICD_ROLE_HELLO, p->tos, h.nonce);
@@ -133,6 +142,7 @@ void egress_synack(uint32_t id, struct nfq_data *nfa, const struct nicd_pkt *p,
     }
     h.state = NICD_HELLO_ANSWERED; /* a retransmitted SYN-ACK is answered again */
     h.isn = p->seq;
+    h.own_mss = mss_option(p);
     h.tries = 0;
     if (cx->cfg->gso)
         egress_mtu(cx, nfq_get_outdev(nfa), p, 0);
@@ -182,7 +192,8 @@ void ingress_hello(uint32_t id, const struct nicd_pkt *p,
         COUNT(cx, HELLO_MISMATCH, 1);
         nicd_hello_take(k, NICD_HELLO_SENT, h.isn);
     } else if (nicd_hello_take(k, NICD_HELLO_SENT, h.isn)) {
-        negotiate(cx, k, h.isn, p->seq, mss_option(p), h.owner, o.orig_tos & NICD_OPT_TRAINS);
+        h.peer_mss = mss_option(p);
+        negotiate(cx, k, h.isn, p->seq, flow_mss(&h), h.owner, o.orig_tos & NICD_OPT_TRAINS);
     }
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
 }
@@ -212,6 +223,6 @@ void confirm_answered(const struct nicd_pkt *p, const struct nicd_flow_key *k, s
     }
     if (!nicd_hello_take(k, NICD_HELLO_ANSWERED, h.isn))
         return; /* another thread confirmed it */
-    negotiate(cx, k, h.isn, h.peer_isn, h.peer_mss, h.owner, h.peer_trains);
+    negotiate(cx, k, h.isn, h.peer_isn, flow_mss(&h), h.owner, h.peer_trains);
 }
 

@@ -326,7 +326,7 @@ def test_flow_table_keys_ipv6_flows_by_their_addresses():
         fi = ffi.new("struct nicd_flow_info *")
         for i, k in enumerate((a, b, c, mapped)):
             assert lib.nicd_flows_egress(k, 101 + i, 10, 0, 0, fi) == lib.NICD_FLOW_COMPRESS
-            assert (fi.isn, fi.peer_isn, fi.peer_mss) == (100 + i, 200 + i, 1400 + i)
+            assert (fi.isn, fi.peer_isn, fi.mss) == (100 + i, 200 + i, 1400 + i)
         nonces = set()
         for k in (a, b, c, mapped):
             n = ffi.new("uint8_t[6]")

@@ -1,7 +1,7 @@
 """Wire format v3 end to end (``inceptionn nicd --gso --trains``; docs/wire-format.md, "Segment
 trains"): real TSO super-packets compressed into one train each, handed back in the egress verdict
-and cut by the sender's kernel, merged again by the receiver's GRO (turned on at its veth), each
-merged train restored in one verdict. Real netfilter and TCP in testbed namespaces; the helpers
+and cut by the sender's kernel, merged again by the receiver's GRO (the testbed turns it on at
+every host's veth), each merged train restored in one verdict. Real netfilter and TCP in testbed namespaces; the helpers
 are tests/test_nicd.py's. Every test here fails on a new WARN or BUG line in the kernel log.
 Needs root.
 """
@@ -35,10 +35,6 @@ def kernel_log_stays_clean():
     assert not new, "the kernel warned:\n" + "\n".join(new)
 
 
-def gro_on(host):
-    host.run(["ethtool", "-K", "eth0", "gro", "on"], check=True, capture_output=True)
-
-
 @pytest.mark.parametrize("mtu,family", [(1500, 4), (9000, 4), (1500, 6)])
 def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu, family):
     """A 2 MiB tagged stream through two --trains daemons: what arrives is the codec's
@@ -47,7 +43,6 @@ def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu, family)
     want = recon(small, -10).tobytes()
     with make_testbed(mtu=mtu, ipv6=family == 6) as tb:
         h1, h2 = tb.hosts
-        gro_on(h2)
         src = h1.ip6 if family == 6 else h1.ip
         add_counting_rule(h2, "data", "-s", src, "-p", "tcp", "-m", "length", "--length", "100:65535", family=family)
         got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", "--trains", tag="v3",
@@ -68,6 +63,31 @@ def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu, family)
     assert c2["ingress_restored"] < c2["ingress_train_segments"], c2
     print(f"MTU {mtu} IPv{family}: {c1['egress_trains']} trains, {c1['egress_compressed']} segments, "
           f"{c2['ingress_restored']} restored packets, {packets} data packets on the wire")
+
+
+def test_v3_sender_with_small_tcp_maxseg_cuts_trains_where_its_kernel_does(tmp_path, small):
+    """The sending socket sets TCP_MAXSEG 1001 before connect, the peer's SYN-ACK says 1460: the
+    sender's kernel cuts each super-packet every 989 bytes (1001 less 12 of timestamps), which
+    nicd must guess from the smaller of the two handshake MSS options, not the peer's alone
+    (that guess was 1448). A veth hands a GSO skb on whole, so here the sender's eth0 has TSO
+    off (its kernel then cuts the train in software, as a real NIC's TSO would in hardware) and
+    the receiver's GRO off: every segment arrives alone, and one cut anywhere else would start
+    without its header and be dropped. None is, and every segment of every train restores."""
+    want = recon(small, -10).tobytes()
+    with make_testbed(mtu=1500) as tb:
+        h1, h2 = tb.hosts
+        h1.run(["ethtool", "-K", "eth0", "tso", "off"], check=True, capture_output=True)
+        h2.run(["ethtool", "-K", "eth0", "gro", "off"], check=True, capture_output=True)
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", "--trains", tag="v3",
+                                         mss=1001)
+    assert_restored_or_raw(got, small.tobytes(), want, raw, "v3, TCP_MAXSEG 1001")
+    assert c1["egress_trains"] > 0 and c1["egress_orig_bytes"] > 0.9 * small.nbytes, c1
+    for key in DROPS + ("drop_train_tail",):
+        assert c2[key] == 0, (key, c2)
+    # nothing merged them: each restored packet is one segment (a v3 one, or a lone v2 packet),
+    # and every compressed byte the sender sent came through
+    assert 0 < c2["ingress_train_segments"] <= c2["ingress_restored"] == c1["egress_compressed"], (c1, c2)
+    assert c2["ingress_orig_bytes"] == c1["egress_orig_bytes"]
 
 
 def test_v3_peer_without_trains_gets_v2(tmp_path, small):
@@ -98,7 +118,6 @@ def test_v3_receiver_killed_and_rules_removed_fails_closed_then_raw(tmp_path, sm
     half = len(data) // 2
     with make_testbed(mtu=1500) as tb:
         h1, h2 = tb.hosts
-        gro_on(h2)
         count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, "--gso", "--trains", tag="v3s") as d1, \
                 running_nicd(h2, tmp_path, "--gso", "--trains", tag="v3r") as d2:

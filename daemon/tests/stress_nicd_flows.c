@@ -137,7 +137,7 @@ static enum nicd_flow_state look(unsigned sport, uint32_t *isn)
         atomic_fetch_add(&hits, 1);
         if (fi.isn >> 16 != sport)
             fail("an entry of another key", sport, fi.isn);
-        if (fi.peer_isn != peer_isn_of(fi.isn) || fi.peer_mss != sport)
+        if (fi.peer_isn != peer_isn_of(fi.isn) || fi.mss != sport)
             fail("a torn entry (peer ISN or MSS of another connection)", sport, fi.isn);
         if (fi.view.known && fi.view.saddr != fi.isn)
             fail("a view of another connection", sport, fi.isn);
