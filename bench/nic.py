@@ -274,8 +274,6 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     with Testbed(hosts=3 if flood_pps else 2, rate=rate, mtu=mtu, name=f"bnic{os.getpid()}", ipv6=ipv6) as tb, \
             ExitStack() as stack:
         h1, h2 = tb.hosts[:2]
-        if trains:  # a veth merges only with GRO on (a real NIC does by default)
-            h2.run(["ethtool", "-K", h2.ifname, "gro", "on"], check=True, capture_output=True)
         count_wire(h2, h1)
         socks = [os.path.join(workdir, f"{h.name}.sock") for h in (h1, h2)]
         daemons = [stack.enter_context(nicd(h, s, error_bound, gso=path_gso)) for h, s in zip((h1, h2), socks)]

@@ -5,7 +5,8 @@
     ...                                        /
 
 Every link is shaped in both directions: on the host's eth0 (host -> switch) and on the
-switch port hN (switch -> host). Hosts have loopback up, one address in the testbed prefix
+switch port hN (switch -> host). Each host's eth0 merges what it receives (GRO on, as a real NIC's
+is by default; a veth's is off): the soft NIC's segment trains arrive merged, one queue pass each. Hosts have loopback up, one address in the testbed prefix
 and no default route, so they reach each other and nothing else.
 
 Nothing is created in the root namespace and no state file is kept: every namespace of a
@@ -215,6 +216,7 @@ class Testbed:
             h.addr("add", index=eth, address=ip, prefixlen=self.network.prefixlen)
             if ip6:
                 h.addr("add", index=eth, address=ip6, prefixlen=64, flags=IFA_F_NODAD)
+        _gro_on(host_ns)
         if self.rate_bps:
             link.shape(HOST_IFNAME, netns=host_ns, rate=self.rate_bps)
             link.shape(port, netns=self.switch, rate=self.rate_bps)
@@ -384,11 +386,23 @@ class RoutedTestbed(Testbed):
             if ip6:
                 h.addr("add", index=eth, address=ip6, prefixlen=64, flags=IFA_F_NODAD)
                 h.route("add", dst=str(BENCHMARK_NET6), gateway=gateway6, family=10)
+        _gro_on(host_ns)
         if self.rate_bps:
             link.shape(HOST_IFNAME, netns=host_ns, rate=self.rate_bps)
             link.shape(port, netns=self.switch, rate=self.rate_bps)
         return Host(name=f"h{i}", netns=host_ns, ifname=HOST_IFNAME, ip=ip, prefixlen=24, mtu=self.mtu,
                     rate_bps=self.rate_bps, switch_port=port, ip6=ip6)
+
+
+def _gro_on(host_ns: str) -> None:
+    """GRO on at the host's eth0 (docs/deploy.md: what a real host needs for segment trains)."""
+    try:
+        r = ns.run(host_ns, ["ethtool", "-K", HOST_IFNAME, "gro", "on"], capture_output=True, text=True)
+        problem = (r.stderr or r.stdout).strip() or "ethtool failed" if r.returncode else None
+    except FileNotFoundError:
+        problem = "no ethtool (./run.sh installs it)"
+    if problem:
+        raise UserError(f"cannot turn GRO on in {host_ns}: {problem}")
 
 
 def _routed_net6(i: int) -> ipaddress.IPv6Network:
