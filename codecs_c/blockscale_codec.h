@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "inceptionn_contract.h"   /* the headroom's range */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,7 +40,7 @@ extern "C" {
 #define BS_MIN_SHIFT (-126)
 #define BS_MAX_SHIFT 126
 #define BS_HEADROOM 0           /* the ring's headroom h (measured in docs/collectives.md) */
-#define BS_MAX_HEADROOM 24
+#define BS_MAX_HEADROOM INCEPTIONN_MAX_HEADROOM
 
 enum bs_status {
     BS_OK = 0,

@@ -21,7 +21,7 @@ The whole API, its options and guarantees: docs/collectives.md. In short:
   sockets tagged for the soft NIC, ``"app"`` runs any codec inside the collective, ``None`` sends
   plain float32. The result is bit-identical on every rank.
 - ``scaling`` and ``error_feedback`` default to what the codec's traits ask for; True/False
-  force them. ``headroom`` (0..24, default 0) is the precision the per-block scaling gives up
+  force them. ``headroom`` (0 to limits.MAX_HEADROOM, default 0) is the precision the per-block scaling gives up
   for a higher compression ratio (docs/collectives.md, "Headroom"); ranks must agree on it. Pass ``key`` when reducing several tensors of equal length.
 - ``barrier``, ``max_scalar``, ``sum_scalar``, ``control_allreduce`` and ``broadcast`` run on the
   untagged control plane (control.py); ``stats`` (stats.py), ``connections()`` and

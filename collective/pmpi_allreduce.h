@@ -41,7 +41,10 @@
 
 #define INC_MPI_DEFAULT_MIN_COUNT 65536
 #define INC_MPI_DEFAULT_CHUNK 65536
+#define INC_MPI_MIN_CHUNK 8              /* INCEPTIONN_MPI_CHUNK's range (values) */
+#define INC_MPI_MAX_CHUNK (1 << 24)
 #define INC_MPI_DEFAULT_TIMEOUT 300
+#define INC_MPI_MAX_TIMEOUT 86400        /* INCEPTIONN_MPI_TIMEOUT's range: 1 s to a day */
 #define INC_MPI_CHOICE_CLASSES 31        /* count classes [2^c, 2^(c+1)) of an int count */
 #define INC_MPI_PROBE_CALLS 2            /* probe calls per round (one ring-first, one MPI-first) */
 #define INC_MPI_REPROBE_FIRST 256        /* calls of a class from a decision to the next round, */

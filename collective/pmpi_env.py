@@ -94,6 +94,22 @@ def error_feedback_default(codec: str) -> bool:
     from inceptionn.codecs import get_codec
     return bool(get_codec(codec).wants_error_feedback)
 
+CHOICES = ("auto", "ring", "mpi")
+
+
+def check_choose(v: str) -> str:
+    if v not in CHOICES:
+        raise UserError(f"bad --allreduce-choose {v!r}: use auto, ring or mpi")
+    return v
+
+
+def with_choice(settings: dict, env: dict[str, str], choose: str) -> tuple[dict, dict[str, str]]:
+    """The library's settings and variables with its path choice (INCEPTIONN_MPI_CHOOSE, passed
+    when not auto, the library's default); for inceptionn mpirun and inceptionn env."""
+    choose = check_choose(choose)
+    return {**settings, "choose": choose}, ({**env, "INCEPTIONN_MPI_CHOOSE": choose} if choose != "auto" else env)
+
+
 
 def check_min_count(v: str) -> int:
     if not re.fullmatch(r"[0-9]{1,10}", v) or not 1 <= int(v) <= 2**31 - 1:
@@ -102,14 +118,25 @@ def check_min_count(v: str) -> int:
 
 
 def check_error_bound(v: str) -> int:
-    if not re.fullmatch(r"-[0-9]{1,2}", v) or not -30 <= int(v) <= -1:
-        raise UserError(f"bad --allreduce-error-bound {v!r}: use -30..-1 (nicd --error-bound)")
+    lo, hi = limits.ERROR_BOUND_MIN, limits.ERROR_BOUND_MAX
+    if not re.fullmatch(r"-[0-9]{1,2}", v) or not lo <= int(v) <= hi:
+        raise UserError(f"bad --allreduce-error-bound {v!r}: use {lo}..{hi} (nicd --error-bound)")
     return int(v)
 
 
 def check_headroom(h) -> int:
     if problem := limits.headroom_problem(h):
         raise UserError(f"bad headroom: {problem}")
+    return h
+
+
+def check_headroom_arg(v: str) -> int:
+    """--allreduce-headroom's text as a headroom."""
+    if not re.fullmatch(r"[0-9]{1,3}", v):
+        raise UserError(f"bad --allreduce-headroom {v!r}: {limits.headroom_problem(v)}")
+    h = int(v)
+    if problem := limits.headroom_problem(h):
+        raise UserError(f"bad --allreduce-headroom {v!r}: {problem}")
     return h
 
 
@@ -275,14 +302,13 @@ def run_env(args) -> int:
     a = Allreduce(check_mode(args.allreduce_mode), check_min_count(args.allreduce_min_count),
                   check_error_bound(args.allreduce_error_bound), feedback,
                   check_nicd_socket(args.allreduce_nicd_socket) if args.allreduce_nicd_socket else None,
-                  check_codec(args.allreduce_codec))
+                  check_codec(args.allreduce_codec), check_headroom_arg(args.allreduce_headroom))
     iface = check_iface(args.iface) if args.iface else None
     nic = False
     if a.mode == "auto" and a.codec in nic_codecs():   # only this host can be checked; the job's hosts may differ
-        from inceptionn.shim.mpirun import nic_status
+        from inceptionn.daemon.rules import nic_status
         nic = nic_status()["running"]
     settings, env = allreduce_env(a, family, nic, iface, args.log)
-    from inceptionn.shim.mpirun import with_choice
     settings, env = with_choice(settings, env, args.allreduce_choose)
     env = with_library(env, settings["library"])   # after what the caller preloads already
     if args.json:

@@ -28,6 +28,8 @@ static const char *codec_choices(int nic)
 
 /* --- settings --------------------------------------------------------------------------------- */
 
+/* The variable as a long in [lo, hi] (def when unset); outside it, an error line naming what it
+ * is and the range, from the bounds the check uses, and exit. */
 static long env_long(const char *name, long def, long lo, long hi, const char *what)
 {
     const char *v = getenv(name);
@@ -37,7 +39,7 @@ static long env_long(const char *name, long def, long lo, long hi, const char *w
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || *end || x < lo || x > hi) {
-        say("error: bad %s '%.40s': %s", name, v, what);
+        say("error: bad %s '%.40s': %s, %ld..%ld", name, v, what, lo, hi);
         _exit(2);
     }
     return x;
@@ -73,22 +75,18 @@ __attribute__((constructor)) static void load_settings(void)
         _exit(2);
     }
     cfg.min_count = env_long("INCEPTIONN_MPI_MIN_COUNT", INC_MPI_DEFAULT_MIN_COUNT, 1, INT32_MAX,
-                             "a number of values, at least 1");
-    char bound_what[48];
-    snprintf(bound_what, sizeof bound_what, "use %d..%d (nicd --error-bound)", INC_MIN_ERROR_BOUND,
-             INC_MAX_ERROR_BOUND);
+                             "a number of values");
     cfg.k = (int)env_long("INCEPTIONN_MPI_ERROR_BOUND", INCEPTIONN_DEFAULT_ERROR_BOUND, INC_MIN_ERROR_BOUND,
-                          INC_MAX_ERROR_BOUND, bound_what);
-    cfg.chunk = env_long("INCEPTIONN_MPI_CHUNK", INC_MPI_DEFAULT_CHUNK, 8, 1 << 24,
-                         "values per chunk, 8..16777216");
-    cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1, 86400,
-                                          "seconds, 1..86400");
-    cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "use 0 or 1");
-    char headroom_what[48];
-    snprintf(headroom_what, sizeof headroom_what, "bits of precision given up, 0..%d", BS_MAX_HEADROOM);
-    cfg.headroom = (int)env_long("INCEPTIONN_MPI_HEADROOM", BS_HEADROOM, 0, BS_MAX_HEADROOM, headroom_what);
+                          INC_MAX_ERROR_BOUND, "an exponent k of the bound 2^k (nicd --error-bound)");
+    cfg.chunk = env_long("INCEPTIONN_MPI_CHUNK", INC_MPI_DEFAULT_CHUNK, INC_MPI_MIN_CHUNK, INC_MPI_MAX_CHUNK,
+                         "values per chunk");
+    cfg.timeout_ms = 1000 * (int)env_long("INCEPTIONN_MPI_TIMEOUT", INC_MPI_DEFAULT_TIMEOUT, 1,
+                                          INC_MPI_MAX_TIMEOUT, "seconds");
+    cfg.log = (int)env_long("INCEPTIONN_MPI_LOG", 0, 0, 1, "off or on");
+    cfg.headroom = (int)env_long("INCEPTIONN_MPI_HEADROOM", BS_HEADROOM, 0, BS_MAX_HEADROOM,
+                                 "bits of precision given up");
     cfg.feedback = (int)env_long("INCEPTIONN_MPI_ERROR_FEEDBACK", CODEC->wants_error_feedback, 0, 1,
-                                 "use 0 or 1");
+                                 "off or on");
     const char *ns = getenv("INCEPTIONN_MPI_NICD_SOCKET");
     if (!ns || !*ns)
         ns = INCEPTIONN_NICD_SOCKET;

@@ -645,3 +645,47 @@ def probe_status(output: str) -> ProbeStatus:
             denied |= _denied(body)
             rules += parse_listing(name, body, int(family))
     return ProbeStatus(denied, rules, bound)
+
+
+_EPHEMERAL = "@@inceptionn-ephemeral@@"
+_PROBE = f"{probe_script()}; echo {_EPHEMERAL}; cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null"
+
+
+def nic_status(host=None) -> dict:
+    """Whether nicd runs in ``host``'s namespace (None: here): its rules are installed and every
+    queue they feed has a listener (probe_status reads both). Also reads the namespace's
+    ephemeral port range."""
+    argv = ["sh", "-c", _PROBE]
+    try:
+        out = subprocess.run(host.command(argv) if host else argv, capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"state": "unknown", "running": False, "detail": f"cannot check: {exc}"}
+    rules_text, _, eph_text = out.partition(_EPHEMERAL)
+    status: dict = {"ephemeral_ports": None}
+    eph = eph_text.split()
+    if len(eph) == 2 and all(x.isdigit() for x in eph):
+        status["ephemeral_ports"] = [int(eph[0]), int(eph[1])]
+    nic = probe_status(rules_text)
+    if nic.denied:
+        status.update(state="unknown", running=False, detail="cannot read netfilter rules (needs root)")
+        return status
+    queues, ifaces = nic.queues, nic.interfaces
+    status.update(interfaces=ifaces, queues=queues)
+    if not nic.queue_rules:
+        status.update(state="stopped", running=False,
+                      detail="soft NIC not running: tagged packets leave this host uncompressed")
+    elif missing := nic.unread:
+        status.update(state="stale", running=False,
+                      detail=f"soft NIC not running: its rules are left but no daemon reads "
+                             f"queue{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                             "(`inceptionn nicd --cleanup` removes them)")
+    else:
+        status.update(state="running", running=True,
+                      detail=f"soft NIC running ({', '.join(ifaces)}; queues {_ranges(queues)})")
+    return status
+
+
+def _ranges(nums: list[int]) -> str:
+    return f"{nums[0]}-{nums[-1]}" if nums and nums == list(range(nums[0], nums[-1] + 1)) and len(nums) > 1 \
+        else ",".join(str(n) for n in nums)

@@ -1,7 +1,7 @@
 /* The facts every part shares, defined once: the tagging contract between a program, the tagging
  * shim and the soft NIC (the marks, ToS bytes, on the wire, the comments on the soft NIC's
  * netfilter rules and its default queue numbers), the INCEPTIONN codec's error-bound range and
- * default, and the soft NIC's stats socket. The C code includes this header; Python reads the same
+ * default, the per-block scaling's headroom range, and the soft NIC's stats socket. The C code includes this header; Python reads the same
  * values through the cffi binding (inceptionn.shim.contract; inceptionn.limits for the bound), so
  * the two cannot disagree. docs/wire-format.md says what each mark means on the wire; the
  * daemon's config can move them, these are the defaults. */
@@ -33,6 +33,10 @@
 #define INCEPTIONN_ERROR_BOUND_MIN (-30)
 #define INCEPTIONN_ERROR_BOUND_MAX (-1)
 #define INCEPTIONN_DEFAULT_ERROR_BOUND (-10)
+
+/* The largest headroom of the per-block scaling (bits of precision a scaled block gives up; 0 is
+ * the most precise and the default; codecs_c/blockscale_codec.h's BS_MAX_HEADROOM). */
+#define INCEPTIONN_MAX_HEADROOM 24
 
 /* The soft NIC's stats socket (nicd --socket, and where its clients look: inceptionn stats, the
  * MPI library in nic mode). */

@@ -51,12 +51,18 @@ def register(sub) -> None:
     m.add_argument("rest", nargs=argparse.REMAINDER)
     m.set_defaults(func=_mpirun)
 
-    from inceptionn.collective.pmpi_env import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT, FORMATS
     e = sub.add_parser(
         "env", help="print the environment that puts the MPI_Allreduce library into a job, for any launcher",
         description=ENV_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="inceptionn env --compress-allreduce [--mpi openmpi|mpich] [options] [--format F | --json] "
               "[-- PROG ARGS]")
+    e.defer(_add_env_arguments)  # the headroom's range in its help loads the codecs (numpy)
+    e.set_defaults(func=_env)
+
+
+def _add_env_arguments(e) -> None:
+    from inceptionn import limits
+    from inceptionn.collective.pmpi_env import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT, FORMATS
     e.add_argument("--compress-allreduce", action="store_true",
                    help="the MPI_Allreduce library (docs/mpi-allreduce.md); required")
     e.add_argument("--mpi", choices=("openmpi", "mpich"),
@@ -71,8 +77,12 @@ def register(sub) -> None:
     e.add_argument("--allreduce-min-count", default=str(DEFAULT_MIN_COUNT), metavar="N",
                    help=f"smallest count taken (default {DEFAULT_MIN_COUNT} values)")
     e.add_argument("--allreduce-error-bound", default=str(DEFAULT_ERROR_BOUND), metavar="K",
-                   help=f"the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic: the "
-                        "daemons' --error-bound)")
+                   help=f"the codec's error bound 2^K, {limits.ERROR_BOUND_MIN}..{limits.ERROR_BOUND_MAX} "
+                        f"(default {DEFAULT_ERROR_BOUND}; with nic: the daemons' --error-bound)")
+    e.add_argument("--allreduce-headroom", default="0", metavar="H",
+                   help="bits of precision each scaled block gives up for a higher ratio (codecs that scale: "
+                        f"inceptionn), 0 (default, the most precise) to {limits.MAX_HEADROOM}; the same on "
+                        "every rank (docs/collectives.md, 'Headroom')")
     ef = e.add_mutually_exclusive_group()
     ef.add_argument("--allreduce-error-feedback", action="store_true",
                     help="carry what the codec lost in a call into the next call of the same count on the same "
@@ -95,7 +105,6 @@ def register(sub) -> None:
     e.add_argument("--json", action="store_true", help="the settings and the variables as JSON")
     e.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PROG ARGS",
                    help="the job's program: which MPI it runs is read from it (its libmpi, or mpi4py's)")
-    e.set_defaults(func=_env)
 
 
 ENV_DESCRIPTION = """\

@@ -14,6 +14,7 @@ FAILCLOSED_COMMENT     its persistent drops of compressed packets
 QUEUE_BASE       7100  the first NFQUEUE number of a daemon
 ERROR_BOUND_MIN, ERROR_BOUND_MAX, DEFAULT_ERROR_BOUND   -30, -1, -10: the INCEPTIONN codec's
                        error-bound exponents k (bound 2^k), their default (inceptionn.limits)
+MAX_HEADROOM       24  the per-block scaling's largest headroom (inceptionn.limits)
 NICD_SOCKET            the soft NIC's stats socket
 """
 from __future__ import annotations
@@ -30,4 +31,5 @@ QUEUE_BASE: int = lib.INCEPTIONN_QUEUE_BASE
 ERROR_BOUND_MIN: int = lib.INCEPTIONN_ERROR_BOUND_MIN
 ERROR_BOUND_MAX: int = lib.INCEPTIONN_ERROR_BOUND_MAX
 DEFAULT_ERROR_BOUND: int = lib.INCEPTIONN_DEFAULT_ERROR_BOUND
+MAX_HEADROOM: int = lib.INCEPTIONN_MAX_HEADROOM
 NICD_SOCKET: str = ffi.string(lib.INCEPTIONN_NICD_SOCKET).decode()

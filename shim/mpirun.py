@@ -42,6 +42,7 @@ from pathlib import Path
 
 from inceptionn.collective import pmpi_env
 from inceptionn.collective.pmpi_env import DEFAULT_ERROR_BOUND, DEFAULT_MIN_COUNT
+from inceptionn.limits import ERROR_BOUND_MAX, ERROR_BOUND_MIN
 from inceptionn.daemon import rules
 from inceptionn.daemon.settings import DEFAULT_SOCKET as DEFAULT_NICD_SOCKET
 from inceptionn.errors import UserError
@@ -58,7 +59,7 @@ OPTIONS = {"--tag": True, "--log": True, "--testbed": True, "--slots": True, "--
            "--compress-allreduce": False, "--allreduce-mode": True, "--allreduce-min-count": True,
            "--allreduce-choose": True,
            "--allreduce-error-bound": True, "--allreduce-error-feedback": False, "--no-allreduce-error-feedback": False,
-           "--allreduce-nicd-socket": True, "--allreduce-codec": True}
+           "--allreduce-nicd-socket": True, "--allreduce-codec": True, "--allreduce-headroom": True}
 SHORT = {"-j": "--json"}             # as in every other subcommand; mpirun has no -j
 HOST_ARGS = {"-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile", "--machinefile",
              "-default-hostfile", "--default-hostfile"}
@@ -95,8 +96,13 @@ wrapper options (anywhere before the --; everything else before it goes to mpiru
   --allreduce-min-count N
                       smallest count taken (default {DEFAULT_MIN_COUNT} values)
   --allreduce-error-bound K
-                      the codec's error bound 2^K, -30..-1 (default {DEFAULT_ERROR_BOUND}; with nic it
+                      the codec's error bound 2^K, {ERROR_BOUND_MIN}..{ERROR_BOUND_MAX} (default {DEFAULT_ERROR_BOUND}; with nic it
                       must be the daemons' --error-bound)
+  --allreduce-headroom H
+                      bits of precision each scaled block gives up for a higher ratio (codecs
+                      that scale: inceptionn), 0 (default, the most precise) up to the
+                      scaling's maximum (`inceptionn env --help` says it; docs/collectives.md,
+                      "Headroom")
   --allreduce-error-feedback, --no-allreduce-error-feedback
                       add what the codec lost in a call to the next call of the same count on
                       the same communicator, or not (default: what the codec asks for: on,
@@ -150,6 +156,7 @@ class Options:
     allreduce_error_feedback: bool | None = None    # None: the codec's default
     allreduce_nicd_socket: str | None = None
     allreduce_codec: str | None = None       # None: the library's default
+    allreduce_headroom: int = 0
 
 
 def parse_args(rest: list[str]) -> Options:
@@ -227,7 +234,9 @@ def parse_args(rest: list[str]) -> Options:
     if "--allreduce-nicd-socket" in values:
         opts.allreduce_nicd_socket = pmpi_env.check_nicd_socket(values["--allreduce-nicd-socket"])
     if "--allreduce-choose" in values:
-        opts.allreduce_choose = check_choose(values["--allreduce-choose"])
+        opts.allreduce_choose = pmpi_env.check_choose(values["--allreduce-choose"])
+    if "--allreduce-headroom" in values:
+        opts.allreduce_headroom = pmpi_env.check_headroom_arg(values["--allreduce-headroom"])
     if opts.iface is not None:
         pmpi_env.check_iface(opts.iface)
     return opts
@@ -296,52 +305,6 @@ def ephemeral_warnings(policy: Policy, ephemeral: dict[str, tuple[int, int]]) ->
 def _port_terms(policy: Policy):
     for kind, lo, hi in policy.port_ranges():
         yield (f"{kind}={lo}" if lo == hi else f"{kind}={lo}-{hi}"), lo, hi
-
-
-# --- is the soft NIC running? -----------------------------------------------------------------------
-
-_EPHEMERAL = "@@inceptionn-ephemeral@@"
-_PROBE = f"{rules.probe_script()}; echo {_EPHEMERAL}; cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null"
-
-
-def nic_status(host=None) -> dict:
-    """Whether nicd runs in ``host``'s namespace (None: here): its rules are installed and every
-    queue they feed has a listener (daemon/rules.py reads both). Also reads the namespace's
-    ephemeral port range."""
-    argv = ["sh", "-c", _PROBE]
-    try:
-        out = subprocess.run(host.command(argv) if host else argv, capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"state": "unknown", "running": False, "detail": f"cannot check: {exc}"}
-    rules_text, _, eph_text = out.partition(_EPHEMERAL)
-    status: dict = {"ephemeral_ports": None}
-    eph = eph_text.split()
-    if len(eph) == 2 and all(x.isdigit() for x in eph):
-        status["ephemeral_ports"] = [int(eph[0]), int(eph[1])]
-    nic = rules.probe_status(rules_text)
-    if nic.denied:
-        status.update(state="unknown", running=False, detail="cannot read netfilter rules (needs root)")
-        return status
-    queues, ifaces = nic.queues, nic.interfaces
-    status.update(interfaces=ifaces, queues=queues)
-    if not nic.queue_rules:
-        status.update(state="stopped", running=False,
-                      detail="soft NIC not running: tagged packets leave this host uncompressed")
-    elif missing := nic.unread:
-        status.update(state="stale", running=False,
-                      detail=f"soft NIC not running: its rules are left but no daemon reads "
-                             f"queue{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                             "(`inceptionn nicd --cleanup` removes them)")
-    else:
-        status.update(state="running", running=True,
-                      detail=f"soft NIC running ({', '.join(ifaces)}; queues {_ranges(queues)})")
-    return status
-
-
-def _ranges(nums: list[int]) -> str:
-    return f"{nums[0]}-{nums[-1]}" if nums and nums == list(range(nums[0], nums[-1] + 1)) and len(nums) > 1 \
-        else ",".join(str(n) for n in nums)
 
 
 # --- the command -----------------------------------------------------------------------------------
@@ -414,7 +377,7 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
     else:
         targets = [None]
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-        statuses = list(pool.map(nic_status, targets))
+        statuses = list(pool.map(rules.nic_status, targets))
     for h, st in zip(targets, statuses):
         name = h.name if h else socket.gethostname()
         hosts.append({"name": name, "address": h.ip if h else None, "netns": h.netns if h else None,
@@ -443,7 +406,7 @@ def plan(opts: Options, materialize: bool = True) -> Plan:
     allreduce = None
     if opts.compress_allreduce:
         allreduce, extra = allreduce_settings(opts, hosts, iface)
-        allreduce, extra = with_choice(allreduce, extra, opts.allreduce_choose)
+        allreduce, extra = pmpi_env.with_choice(allreduce, extra, opts.allreduce_choose)
         if not all(h["nic"]["running"] for h in hosts) and allreduce["mode"] == "nic":
             warnings.append("--allreduce-mode nic but the soft NIC does not run on every host: the ring's "
                             "tagged packets leave those hosts uncompressed (results are the same)")
@@ -492,25 +455,10 @@ def allreduce_settings(opts: Options, hosts: list[dict], iface: str | None) -> t
                         "launch it with its own launcher and `inceptionn env --compress-allreduce --mpi mpich` "
                         "(docs/launchers.md)")
     a = pmpi_env.Allreduce(opts.allreduce_mode, opts.allreduce_min_count, opts.allreduce_error_bound,
-                         opts.allreduce_error_feedback, opts.allreduce_nicd_socket, opts.allreduce_codec)
+                         opts.allreduce_error_feedback, opts.allreduce_nicd_socket, opts.allreduce_codec,
+                         opts.allreduce_headroom)
     return pmpi_env.allreduce_env(a, "openmpi", bool(hosts) and all(h["nic"]["running"] for h in hosts), iface,
                                 bool(opts.log))
-
-
-CHOICES = ("auto", "ring", "mpi")
-
-
-def check_choose(v: str) -> str:
-    if v not in CHOICES:
-        raise UserError(f"bad --allreduce-choose {v!r}: use auto, ring or mpi")
-    return v
-
-
-def with_choice(settings: dict, env: dict[str, str], choose: str) -> tuple[dict, dict[str, str]]:
-    """The library's settings and variables with its path choice (INCEPTIONN_MPI_CHOOSE, passed
-    when not auto, the library's default); for inceptionn mpirun and inceptionn env."""
-    choose = check_choose(choose)
-    return {**settings, "choose": choose}, ({**env, "INCEPTIONN_MPI_CHOOSE": choose} if choose != "auto" else env)
 
 
 def report_lines(p: Plan) -> list[str]:

@@ -98,8 +98,12 @@ def test_env_picks_the_build_from_the_program(progs, mpich_abi_dir):
     r = run_cli(*base, "--format", "shell", "--allreduce-error-feedback", "--log")
     assert f"export LD_PRELOAD={lib}" in r.stdout.splitlines()
     assert {"export INCEPTIONN_MPI_ERROR_FEEDBACK=1", "export INCEPTIONN_MPI_LOG=1"} <= set(r.stdout.splitlines())
-    r = run_cli(*base, "--format", "shell", "--no-allreduce-error-feedback")
-    assert "export INCEPTIONN_MPI_ERROR_FEEDBACK=0" in r.stdout.splitlines(), r.stdout
+    r = run_cli(*base, "--format", "shell", "--no-allreduce-error-feedback", "--allreduce-headroom", "2")
+    assert {"export INCEPTIONN_MPI_ERROR_FEEDBACK=0", "export INCEPTIONN_MPI_HEADROOM=2"} <= set(r.stdout.splitlines())
+    r = subprocess.run([CLI, *base, "--allreduce-headroom", "25"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "inceptionn: error: bad --allreduce-headroom '25': must be an integer in 0..24 (the bits of precision each "
+        "block of the scaled wire gives up for compression; 0 the most precise), got 25"], r.stderr
     # --allreduce-codec: the name, and error feedback by the codec's trait unless asked (terngrad: off)
     for codec, ef in (("thc", "1"), ("3lc", "1"), ("terngrad", "0")):
         lines = set(run_cli(*base, "--format", "shell", "--allreduce-codec", codec).stdout.splitlines())

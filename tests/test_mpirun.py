@@ -203,7 +203,7 @@ def test_nic_status_reads_the_daemons_rules(tb_name, tmp_path):
     """The report's per-host state, from the rules and bound queues of each namespace (read by
     daemon/rules.py): running, stale after a crash (rules left, queues unread), stopped after a
     clean stop (only the fail-closed drops are left), stopped where no daemon ever ran."""
-    from inceptionn.shim.mpirun import nic_status
+    from inceptionn.daemon.rules import nic_status
     with testbed.Testbed(hosts=2, name=tb_name) as tb:
         h1, h2 = tb.hosts
         log = tmp_path / "nicd.log"

@@ -222,7 +222,8 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
     lib = preload_library("inceptionn.collective._pmpi_allreduce")
     with testbed.Testbed(hosts=2, name=tb_name) as tb:
         r = run_cli("mpirun", "--compress-allreduce", "--allreduce-min-count", "1000", "--allreduce-error-bound", "-12",
-                    "--testbed", tb_name, "--dry-run", "--json", "-np", "2", "--", "/bin/true")
+                    "--allreduce-headroom", "3", "--testbed", tb_name, "--dry-run", "--json", "-np", "2", "--",
+                    "/bin/true")
         assert r.returncode == 0, r.stderr
         plan = json.loads(r.stdout)
         assert plan["policy"] is None
@@ -230,12 +231,13 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
                                      "min_count": 1000,
                                      "error_bound": -12, "error_feedback": True, "iface": str(tb.network), "log": False,
                                      "nicd_socket": "/run/inceptionn/nicd.sock", "mpi": "openmpi",
-                                     "choose": "auto", "headroom": 0}
+                                     "choose": "auto", "headroom": 3}
         argv = plan["mpirun"]
         exported = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-x")
         assert exported["LD_PRELOAD"] == lib   # no --tag: the tagging library stays out
         assert exported["INCEPTIONN_MPI_ERROR_FEEDBACK"] == "1"   # on by default, said explicitly
         assert exported["INCEPTIONN_MPI_CODEC"] == "inceptionn"
+        assert exported["INCEPTIONN_MPI_HEADROOM"] == "3"
         assert "INCEPTIONN_MPI_CHOOSE" not in exported    # auto: the library's default
         assert (exported["INCEPTIONN_MPI_MODE"], exported["INCEPTIONN_MPI_MIN_COUNT"],
                 exported["INCEPTIONN_MPI_ERROR_BOUND"], exported["INCEPTIONN_MPI_IFACE"]) == ("app", "1000", "-12", str(tb.network))
@@ -263,6 +265,10 @@ def test_dry_run_shows_the_library_and_settings(tb_name):
      "--allreduce-error-feedback and --no-allreduce-error-feedback: give one"),
     (["--allreduce-choose", "ring", "--", "true"], "--allreduce-choose goes with --compress-allreduce"),
     (["--compress-allreduce", "--allreduce-choose", "fast", "--", "true"], "bad --allreduce-choose 'fast'"),
+    (["--allreduce-headroom", "2", "--", "true"], "--allreduce-headroom goes with --compress-allreduce"),
+    (["--compress-allreduce", "--allreduce-headroom", "25", "--", "true"],
+     "bad --allreduce-headroom '25': must be an integer in 0..24"),
+    (["--compress-allreduce", "--allreduce-headroom", "two", "--", "true"], "bad --allreduce-headroom 'two'"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_allreduce_option_errors_are_one_line(args, needle, capsys):
     assert needle in cli_error(capsys, "mpirun", *args)

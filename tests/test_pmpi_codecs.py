@@ -129,8 +129,11 @@ def test_library_defaults_and_refusals(prog, tmp_path):  # noqa: F811
                          "error: bad INCEPTIONN_MPI_CODEC 'zip': use inceptionn, thc, 3lc or terngrad"),
                         ({"INCEPTIONN_MPI_HEADROOM": "25"},
                          "error: bad INCEPTIONN_MPI_HEADROOM '25': bits of precision given up, 0..24"),
+                        ({"INCEPTIONN_MPI_CHUNK": "4"},
+                         "error: bad INCEPTIONN_MPI_CHUNK '4': values per chunk, 8..16777216"),
                         ({"INCEPTIONN_MPI_ERROR_BOUND": "0"},
-                         "error: bad INCEPTIONN_MPI_ERROR_BOUND '0': use -30..-1 (nicd --error-bound)")):
+                         "error: bad INCEPTIONN_MPI_ERROR_BOUND '0': an exponent k of the bound 2^k "
+                         "(nicd --error-bound), -30..-1")):
         r = subprocess.run([prog, str(tmp_path), "2000"], env={**base, **env}, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from .. import limits
 from ..limits import DEFAULT_ERROR_BOUND, ERROR_BOUND_MAX, ERROR_BOUND_MIN
 
 DESCRIPTION = """Train the paper's HDC model (5 fully connected layers, width 500; SGD lr 0.1,
@@ -62,7 +63,8 @@ def add_switches(p) -> None:
                    help="do not add what compression dropped back into the next iteration's gradient "
                    "(on by default with the inceptionn codec)")
     p.add_argument("--headroom", type=int, default=0, metavar="H",
-                   help="bits of precision each scaled block gives up for a higher compression ratio, 0..24 "
+                   help="bits of precision each scaled block gives up for a higher compression ratio, "
+                   f"0..{limits.MAX_HEADROOM} "
                    "(its max scaled into [2^(-1-H), 2^-H); default 0; docs/collectives.md, 'Headroom')")
 
 

@@ -60,7 +60,7 @@ class TrainConfig:
     error_bound: int = DEFAULT_ERROR_BOUND
     scaling: bool | None = None        # None: the collective's default (on where it helps)
     error_feedback: bool | None = None
-    headroom: int = 0                  # bits of precision the scaled wire gives up for ratio (0..24)
+    headroom: int = 0                  # bits of precision the scaled wire gives up for ratio (limits.headroom_problem)
     epochs: int = 1
     max_iters: int | None = None      # per epoch
     data: str | None = None
