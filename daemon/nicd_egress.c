@@ -123,6 +123,8 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
         give_up(id, nfa, &p, &fi, &rc, cx);
         return;
     }
+    if (fi.trains_gave_up)
+        COUNT(cx, FLOWS_TRAINS_GAVE_UP, 1);
     if (fs != NICD_FLOW_COMPRESS) {
         if (fs == NICD_FLOW_NONE)
             COUNT(cx, EGRESS_RAW_NOT_NEGOTIATED, 1);

@@ -517,6 +517,7 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
     }
     s->last_seen = now;
     uint32_t end = seq + len;
+    uint8_t trains_gave_up = 0;
     enum nicd_flow_state st = s->raw ? NICD_FLOW_RAW : NICD_FLOW_COMPRESS;
     if (st == NICD_FLOW_RAW) {
         ; /* stays raw until it is forgotten */
@@ -532,15 +533,21 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
             s->retx_seq = seq, s->retx = 1, s->retx_since = now;
         if (s->retx < 255)
             s->retx++;
-        if ((s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) ||
-            (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes))
-            s->raw = 1, st = NICD_FLOW_GIVE_UP;
+        if (s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) {
+            s->raw = 1, st = NICD_FLOW_GIVE_UP; /* even its one-MSS (v2) resends do not get through */
+        } else if (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes) {
+            if (s->peer_trains) /* the path drops trains, not v2's resends: v2 from here */
+                s->peer_trains = 0, s->retx_bytes = s->new_bytes = 0, trains_gave_up = 1;
+            else
+                s->raw = 1, st = NICD_FLOW_GIVE_UP;
+        }
     }
     if (s->new_bytes > (1u << 30)) /* keep the ratio about recent data */
         s->new_bytes /= 2, s->retx_bytes /= 2;
     *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .mss = s->mss,
                                   .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
-                                  .view = s->view, .peer_trains = s->peer_trains};
+                                  .view = s->view, .peer_trains = s->peer_trains,
+                                  .trains_gave_up = trains_gave_up};
     if (!s->view.known && now - s->view_asked >= NICD_VIEW_RETRY_S)
         fi->ask_view = 1, s->view_asked = now;
     slot_unlock(sl);

@@ -130,7 +130,9 @@ int nicd_flows_close(const struct nicd_flow_key *k, int rst);
  * comes before the mark), or more than half of the
  * data retransmitted once NICD_RETX_BYTES were (one that drops most of them: TCP's one-MSS
  * retransmissions get through, in place, and the flow only crawls). Random loss retransmits a
- * few percent. */
+ * few percent. A flow that sends v3 trains gives up only its trains on the second sign
+ * (trains_gave_up; its one-MSS resends, v2, got through, as across a network that rewrites DSCP)
+ * and is watched on in format v2; on the first, the path passes nothing compressed: raw. */
 #define NICD_RETX_LIMIT 4
 #define NICD_RETX_SECONDS 10
 #define NICD_RETX_BYTES (128u * 1024)
@@ -152,6 +154,7 @@ struct nicd_flow_info {
     uint8_t ask_view;   /* the view is unknown and was last asked NICD_VIEW_RETRY_S ago: ask again */
     struct nicd_flow_view view;
     uint8_t peer_trains; /* the peer restores v3 segment trains */
+    uint8_t trains_gave_up; /* this very range ends the flow's trains: v2 from here (once per flow) */
 };
 
 /* A tagged range [seq, seq + len) of flow k is about to leave; last is its last byte, fin whether

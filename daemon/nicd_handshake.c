@@ -81,7 +81,7 @@ static void negotiate(struct ctx *cx, const struct nicd_flow_key *k, uint32_t is
         COUNT(cx, FLOW_TABLE_FULL, 1);
     } else {
         COUNT(cx, FLOWS_NEGOTIATED, 1);
-        if (peer_trains) /* its packets until now were v2: valid too */
+        if (peer_trains && cx->cfg->trains && cx->cfg->gso) /* we send trains; until now v2 */
             nicd_flows_set_trains(k, isn);
         nicd_ct_ask(k, isn); /* a full queue: the flow asks again later (nicd_flows_egress) */
     }

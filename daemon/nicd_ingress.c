@@ -77,8 +77,9 @@ void ingress(struct nfq_data *nfa, struct ctx *cx)
         verdict(id, NF_DROP, NULL, 0, cx);
         return;
     }
-    COUNT(cx, INGRESS_RESTORED, 1);
+    COUNT(cx, INGRESS_RESTORED, train ? (uint64_t)segs : 1);
     COUNT(cx, INGRESS_TRAIN_SEGMENTS, (uint64_t)segs);
+    COUNT(cx, INGRESS_TRAINS, (uint64_t)train);
     COUNT(cx, DROP_TRAIN_TAIL, (uint64_t)left_off);
     COUNT(cx, INGRESS_WIRE_BYTES, p.payload_len - (size_t)left_off);
     COUNT(cx, INGRESS_ORIG_BYTES, (size_t)r - p.payload_off);

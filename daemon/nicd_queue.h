@@ -43,7 +43,8 @@
     X(HELLO_EVICTED_OWN, "of those, hellos pushed out by a newer one of their own (the same local " \
                          "user's, or the same peer's to the same port): a flood evicts its own") \
     X(INGRESS_PACKETS, "packets seen on ingress")                                                \
-    X(INGRESS_RESTORED, "compressed packets restored")                                           \
+    X(INGRESS_RESTORED, "compressed packets restored (as sent: each segment of a GRO-merged "     \
+                        "train counts, so it matches the sender's egress_compressed)")          \
     X(INGRESS_WIRE_BYTES, "payload bytes of the restored packets as they arrived")               \
     X(INGRESS_ORIG_BYTES, "payload bytes of the restored packets after restoring")               \
     X(DROP_MALFORMED, "packets marked compressed but not parseable as IPv4/TCP or IPv6/TCP, dropped") \
@@ -82,7 +83,11 @@
     X(INGRESS_TRAIN_SEGMENTS, "v3: train segments restored (one per segment, however many "      \
                               "GRO merged into one packet)")                                     \
     X(DROP_TRAIN_TAIL, "v3: payload bytes left off a merged train after a segment that did not " \
-                       "restore or continue it (TCP retransmits them)")
+                       "restore or continue it (TCP retransmits them)")                        \
+    X(FLOWS_TRAINS_GAVE_UP, "v3: flows whose trains did not get through (a network that rewrites " \
+                            "DSCP, a stack without nicd), compressed in format v2 from then on")  \
+    X(INGRESS_TRAINS, "v3: packets restored from trains (a train or a GRO-merged run of its "      \
+                      "segments counts once; each segment counts in ingress_restored)")
 
 #define NICD_C_ENUM_(name, help) NICD_C_##name,
 enum nicd_counter { NICD_COUNTERS(NICD_C_ENUM_) NICD_NCOUNTERS };

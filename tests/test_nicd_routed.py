@@ -29,7 +29,11 @@ sys.path.insert(0, os.path.dirname(PEER))
 from nicd_peer import parsed, tcp_segment  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
+# format v2 on the gso path (--no-trains) and per packet: what a compressed packet whose DSCP was
+# rewritten must do (restore by its checksum mark, or fail the stack's checksum). Trains have no
+# such mark; their own test is test_trains_across_a_dscp_rewriting_router_give_up_for_v2.
 GSO = pytest.mark.parametrize("gso", ["--gso", "--no-gso"])
+V2 = {"--gso": ("--gso", "--no-trains"), "--no-gso": ("--no-gso",)}
 
 
 def segment(payload: bytes) -> bytes:
@@ -100,7 +104,7 @@ def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso, fam
         h1, h2 = tb.hosts
         rewrite_compressed_mark(tb.router, family)
         add_counting_rule(h2, "dscp11", "-p", "tcp", "-m", "dscp", "--dscp", "11", family=family)
-        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, gso, family=family, timeout=60)
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *V2[gso], family=family, timeout=60)
         rewritten = rule_counts(tb.router, "rewrite", table="mangle", family=family)[0]
         arrived_marked = rule_counts(h2, "dscp11", family=family)[0]
     assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "across a DSCP-rewriting router")
@@ -109,6 +113,27 @@ def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso, fam
     assert arrived_marked == 0, "the router did not rewrite: nothing tested"
     assert c2["ingress_restored"] == c2["ingress_marks_rewritten"] == c1["egress_compressed"]
     assert c2["flows_marks_rewritten"] == 1
+    assert all(c2[k] == 0 for k in DROPS), c2
+
+
+@needs_root
+@FAMILY
+def test_trains_across_a_dscp_rewriting_router_give_up_for_v2(tb_name, tmp_path, small, family):
+    """Trains (the default) across the same router: a train whose DSCP was rewritten is not
+    queued at h2 (the rule that catches rewritten packets matches v2's header only) and its stack
+    drops it (its seq is 2^31 off). h1's soft NIC sees the ranges go out again, gives the flow's
+    trains up (once) and goes on in format v2, which h2 restores by its checksum mark: the stream
+    arrives as the reconstruction, the flow never goes raw, and what h2 restored came rewritten."""
+    with routed_testbed(tb_name, family=family) as tb:
+        h1, h2 = tb.hosts
+        rewrite_compressed_mark(tb.router, family)
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, "--gso", "--trains", family=family,
+                                         timeout=60)
+    assert_restored_or_raw(got, small.tobytes(), recon(small, -10).tobytes(), raw, "trains across the router")
+    assert c1["flows_negotiated"] == 1 and c1["egress_trains"] > 0
+    assert c1["flows_trains_gave_up"] == 1 and c1["flows_fell_back"] == 0, c1
+    assert 0 < c2["ingress_restored"] == c2["ingress_marks_rewritten"] < c1["egress_compressed"], (c1, c2)
+    assert c2["ingress_train_segments"] == 0 and c2["flows_marks_rewritten"] == 1
     assert all(c2[k] == 0 for k in DROPS), c2
 
 
@@ -127,8 +152,8 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
         h1, h2 = tb.hosts
         rewrite_compressed_mark(tb.router, family)
         count_raw_tagged(h2, family)
-        with running_nicd(h1, tmp_path, gso) as d1:
-            with running_nicd(h2, tmp_path, gso, tag="-first") as d2:
+        with running_nicd(h1, tmp_path, *V2[gso]) as d1:
+            with running_nicd(h2, tmp_path, *V2[gso], tag="-first") as d2:
                 t = Transfer(h1, h2, data, tmp_path, pause_at=pause, timeout=90, family=family)
                 try:
                     t.wait_paused()
@@ -151,7 +176,7 @@ def test_stack_without_soft_nic_drops_rewritten_compressed_packets(tb_name, tmp_
                       f"+{d1.counters()['egress_compressed'] - sent_before} while h2 had no soft NIC")
                 assert t.received_len() == pause, \
                     f"{t.received_len() - pause} bytes reached the application while no soft NIC restored them"
-                with running_nicd(h2, tmp_path, gso, tag="-again") as d2b:
+                with running_nicd(h2, tmp_path, *V2[gso], tag="-again") as d2b:
                     got = t.finish()
                     c2 = d2b.counters()
             finally:
@@ -207,7 +232,7 @@ def test_answerer_confirmed_by_the_echo_compresses_back(tb_name, tmp_path, small
         rewrite_compressed_mark(tb.router)
         for h in (h1, h2):
             count_raw_tagged(h)
-        with running_nicd(h1, tmp_path) as d1, running_nicd(h2, tmp_path) as d2:
+        with running_nicd(h1, tmp_path, *V2["--gso"]) as d1, running_nicd(h2, tmp_path, *V2["--gso"]) as d2:
             server = h2.popen([PY, "-c", EXCHANGE, "server", h2.ip, 5960, len(want), src, tmp_path / "at_server"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
