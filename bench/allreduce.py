@@ -233,7 +233,7 @@ def bench_testbed(rate: str, hosts: int, mtu: int, error_bound: int):
         def nic_counters() -> dict:
             """Packets all daemons sent compressed, and super-packets among what they took."""
             c = [read_stats(os.path.join(tmp, f"{h.name}.sock")) for h in tb.hosts]
-            return {k: sum(x[k] for x in c) for k in ("egress_compressed", "gso_super_packets")}
+            return {k: sum(x[k] for x in c) for k in ("egress_compressed", "gso_super_packets", "egress_trains")}
         yield tb, tmp, daemons, nic_counters
 
 

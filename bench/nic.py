@@ -353,7 +353,7 @@ def measure_link(rate: str | None, mtu: int, path: str, nbytes: int, reps: int, 
     res["ratio"] = s1["egress_orig_bytes"] / max(1, s1["egress_wire_bytes"])
     res["compressed_share"] = s1["egress_orig_bytes"] / max(1, s1["egress_orig_bytes"] + s1["egress_raw_bytes"])
     res["restored_packets"] = s2["ingress_restored"]
-    res["super_packets"] = s1["gso_super_packets"]  # 0 per packet
+    res["super_packets"] = s1["gso_super_packets"] + s1["egress_trains"]  # 0 per packet
     res["drops"] = {k: v for k, v in s2.items() if k.startswith("drop_") and v}
     res["sender_cpu"] = cpu[0] / busy if busy else 0.0   # fraction of one core while tagged runs
     res["receiver_cpu"] = cpu[1] / busy if busy else 0.0

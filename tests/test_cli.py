@@ -119,13 +119,13 @@ def test_help_texts_plain_with_descriptions_and_defaults():
 ALL_FLAGS = ["-i", "lo", "--tos", "0x20", "--tos-scaled", "0x1c", "--tos-compressed", "0x34", "--tos-hello", "0x38", "--codec", "inceptionn",
              "--error-bound", "-8", "--queues", "2", "--queue-base", "7300", "--queue-maxlen", "1024",
              "--flow-timeout", "60", "--flow-capacity", "4096", "--flow-owner-cap", "512", "--log-level", "debug",
-             "--socket", "/run/inceptionn/other.sock", "--accept-only", "--gso", "--trains",
+             "--socket", "/run/inceptionn/other.sock", "--accept-only", "--gso", "--no-trains",
              "--metrics-textfile", "/var/lib/prometheus/node-exporter/inceptionn.prom", "--metrics-interval", "30"]
 ALL_VALUES = {"interfaces": ["lo"], "tos": 0x20, "tos_scaled": 0x1c, "tos_compressed": 0x34, "tos_hello": 0x38,
               "codec": "inceptionn",
               "error_bound": -8, "queues": 2, "queue_base": 7300, "queue_maxlen": 1024, "flow_timeout": 60,
               "flow_capacity": 4096, "flow_owner_cap": 512, "log_level": "debug", "socket": "/run/inceptionn/other.sock", "accept_only": True,
-              "gso": True, "trains": True, "metrics_textfile": "/var/lib/prometheus/node-exporter/inceptionn.prom",
+              "gso": True, "trains": False, "metrics_textfile": "/var/lib/prometheus/node-exporter/inceptionn.prom",
               "metrics_interval": 30}
 
 
