@@ -184,7 +184,8 @@ def format_stats(s: dict) -> str:
         f"({c['ingress_wire_bytes']} -> {c['ingress_orig_bytes']} payload bytes; {c['ingress_merged']} of them "
         "handed to TCP inside the one before)",
         f"trains : {c['egress_trains']} super-packets sent as one v3 segment train, "
-        f"{c['ingress_train_segments']} train segments restored (drop_train_tail: bytes left off a train); "
+        f"{c['ingress_trains']} restored ({c['ingress_train_segments']} segments; drop_train_tail: bytes left "
+        "off a train); "
         f"{c['flows_trains_gave_up']} flows gave trains up for v2 (their path did not pass them)",
         "tiers  : " + ", ".join(f"{n} {100 * v / total:.1f}%" for n, v in zip(("0bit", "8bit", "16bit", "32bit"), tiers)),
         f"flows  : {s['flows_active']} active, {c['flows_negotiated']} negotiated, {s['flows_expired']} expired, "
