@@ -372,8 +372,8 @@ def print_report(r: dict) -> None:
                 print(f"{'':>5}  NMSE of one reduction: " + ", ".join(lossy))
             ours = [i for i in row if split_label(i)[0] in RING_COMPRESSED]
             for peer in ("gloo",) + HOOKS:  # every compressing ring against gloo and DDP's hooks
-                vs = [f"{i} {row[peer]['median'] / row[i]['median']:.2f}x" for i in ours]
-                if peer in row and vs:
+                vs = [f"{i} {row[peer]['median'] / row[i]['median']:.2f}x" for i in ours] if peer in row else []
+                if vs:
                     print(f"{'':>5}  faster than {peer}: " + ", ".join(vs))
             if size in link.get("compression", {}):
                 print(f"{'':>5}  " + compression_line(link["compression"][size], r["error_bound"], row.get("ring-app")))
