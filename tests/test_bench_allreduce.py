@@ -170,3 +170,18 @@ def test_default_set_runs_the_daemons_default_gso():
     assert r.returncode == 0
     # argparse wraps at hyphens too
     assert "(defaultring,ring-gso,gloo,gloo-fp16,gloo-bf16,mpi)" in "".join(r.stdout.split())
+
+
+def test_report_of_a_run_without_every_hook(capsys):
+    """The text report of a run whose --impls leave out one of DDP's hooks (gloo-bf16) compares
+    each compressing ring with the peers that ran, and with nothing else (it raised KeyError)."""
+    from inceptionn.bench.allreduce import print_report
+
+    cell = {"median": 0.4, "min": 0.3, "max": 0.5, "nmse": 2e-4}
+    row = {"ring-gso": cell, "gloo": {**cell, "median": 0.33, "nmse": 1e-15},
+           "gloo-fp16": {**cell, "median": 0.19, "nmse": 1e-7}}
+    print_report({"dataset": "digits", "error_bound": -10, "mtu": 1500, "rounds": 1, "reps": 1, "scale_size": 25,
+                  "impls": list(row), "links": [{"rate": "1gbit", "world": 4, "sizes": {"25": row}, "scaling": {}}]})
+    out = capsys.readouterr().out
+    assert "faster than gloo: ring-gso 0.82x" in out and "faster than gloo-fp16: ring-gso 0.47x" in out, out
+    assert "faster than gloo-bf16" not in out
