@@ -88,8 +88,8 @@ int nicd_flows_init(uint32_t capacity, uint32_t idle_timeout_s, uint32_t owner_c
 void nicd_flows_free(void);
 
 /* Record a negotiated flow, our ISN, the peer's and the flow's MSS (the smaller of the two
- * handshake MSS options, the clamp TCP itself applies: nicd_flow_mss), charged to owner,
- * replacing an older entry of the key. Its view is unknown (0) until nicd_flows_set_view.
+ * handshake MSS options, the clamp TCP itself applies: nicd_handshake.c, flow_mss), charged to
+ * owner, replacing an older entry of the key. Its view is unknown (0) until nicd_flows_set_view.
  * Returns 0, NICD_FLOWS_FULL when the table is full, or NICD_FLOWS_OWNER_FULL when the owner
  * already holds owner_cap flows (the flow then simply stays raw). */
 #define NICD_FLOWS_FULL (-1)

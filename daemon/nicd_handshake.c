@@ -6,8 +6,8 @@
 
 #include "nicd_conntrack.h"
 
-/* The MSS option of a SYN or SYN-ACK: what the peer's segments toward it may carry (as any
- * clamp on the path left it). 536 without one, as TCP assumes (RFC 9293). */
+/* The MSS option of a SYN or SYN-ACK (the peer's or our own): what segments toward its sender may
+ * carry (as any clamp on the path left it). 536 without one, as TCP assumes (RFC 9293). */
 static uint16_t mss_option(const struct nicd_pkt *p)
 {
     const uint8_t *t = p->ip + p->ihl;
