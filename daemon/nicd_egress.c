@@ -158,8 +158,7 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
              * still finds every header; a segment that arrives alone and cut wrong is dropped
              * (drop_header) and TCP retransmits it. */
             size_t gso_size = mtu > p.payload_off ? mtu - p.payload_off : 0;
-            if (cx->cfg->trains && fi.peer_trains && gso_skb &&
-                p.payload_len > gso_size) {
+            if (fi.send_trains && gso_skb && p.payload_len > gso_size) {
                 egress_train(id, &p, isn, gso_size, &rc, cx);
                 return;
             }

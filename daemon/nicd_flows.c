@@ -51,7 +51,7 @@ struct flow {
     uint8_t sent, raw;
     uint8_t rewritten; /* a compressed packet arrived without its mark */
     uint8_t closing;   /* our FIN left: expires after NICD_FIN_LINGER_S idle seconds */
-    uint8_t peer_trains; /* the peer restores v3 segment trains (nicd_flows_set_trains) */
+    uint8_t send_trains; /* we send it v3 segment trains (nicd_flows_set_trains; until trains_gave_up) */
     uint32_t view_asked; /* when the view was last asked for (monotonic seconds) */
     uint64_t owner;
     struct nicd_flow_view view;
@@ -536,8 +536,8 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
         if (s->retx >= NICD_RETX_LIMIT && now - s->retx_since >= NICD_RETX_SECONDS) {
             s->raw = 1, st = NICD_FLOW_GIVE_UP; /* even its one-MSS (v2) resends do not get through */
         } else if (s->retx_bytes >= NICD_RETX_BYTES && (uint64_t)s->retx_bytes * 2 > s->new_bytes) {
-            if (s->peer_trains) /* the path drops trains, not v2's resends: v2 from here */
-                s->peer_trains = 0, s->retx_bytes = s->new_bytes = 0, trains_gave_up = 1;
+            if (s->send_trains) /* the path drops trains, not v2's resends: v2 from here */
+                s->send_trains = 0, s->retx_bytes = s->new_bytes = 0, trains_gave_up = 1;
             else
                 s->raw = 1, st = NICD_FLOW_GIVE_UP;
         }
@@ -546,7 +546,7 @@ enum nicd_flow_state nicd_flows_egress(const struct nicd_flow_key *k, uint32_t s
         s->new_bytes /= 2, s->retx_bytes /= 2;
     *fi = (struct nicd_flow_info){.isn = s->isn, .peer_isn = s->peer_isn, .mss = s->mss,
                                   .high = s->high, .high_byte = s->high_byte, .high_fin = s->high_fin,
-                                  .view = s->view, .peer_trains = s->peer_trains,
+                                  .view = s->view, .send_trains = s->send_trains,
                                   .trains_gave_up = trains_gave_up};
     if (!s->view.known && now - s->view_asked >= NICD_VIEW_RETRY_S)
         fi->ask_view = 1, s->view_asked = now;
@@ -570,7 +570,7 @@ int nicd_flows_set_trains(const struct nicd_flow_key *k, uint32_t isn)
     struct slot *s = acquire(k);
     int stored = s && s->f.isn == isn;
     if (stored)
-        s->f.peer_trains = 1;
+        s->f.send_trains = 1;
     if (s)
         slot_unlock(s);
     return stored;

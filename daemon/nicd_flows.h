@@ -101,8 +101,9 @@ int nicd_flows_negotiate(const struct nicd_flow_key *k, uint32_t isn, uint32_t p
  * replaced by a newer one on the 4-tuple). Returns 1 if stored. */
 int nicd_flows_set_view(const struct nicd_flow_key *k, uint32_t isn, const struct nicd_flow_view *v);
 
-/* The peer of flow k said in its hello that it restores v3 segment trains (docs/wire-format.md,
- * "Segment trains"): stored if k is still the connection of our ISN isn. Returns 1 if stored. */
+/* Send flow k v3 segment trains (docs/wire-format.md, "Segment trains"): its peer's hello said it
+ * restores them and we run gso and trains. Stored if k is still the connection of our ISN isn.
+ * Returns 1 if stored. */
 int nicd_flows_set_trains(const struct nicd_flow_key *k, uint32_t isn);
 
 /* How often a flow whose view is still unknown asks for it again (the request queue was full). */
@@ -153,7 +154,8 @@ struct nicd_flow_info {
     uint8_t high_fin;   /* and whether a FIN followed it */
     uint8_t ask_view;   /* the view is unknown and was last asked NICD_VIEW_RETRY_S ago: ask again */
     struct nicd_flow_view view;
-    uint8_t peer_trains; /* the peer restores v3 segment trains */
+    uint8_t send_trains; /* send its super-packets as v3 trains (the peer restores them, we run gso
+                          * and trains, and they have not been given up) */
     uint8_t trains_gave_up; /* this very range ends the flow's trains: v2 from here (once per flow) */
 };
 

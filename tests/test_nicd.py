@@ -278,6 +278,11 @@ def raw_sent(host, sender_counters, family=4) -> int:
     return nbytes - packets * fixed_headers + raw_edge_bytes(sender_counters)
 
 
+# nicd on the gso path in wire format v2: super-packets cut into compressed packets that leave by
+# the raw socket, for the tests of that path's mechanics (v3 trains: tests/test_nicd_v3.py)
+V2_GSO = ("--gso", "--no-trains")
+
+
 def compressed_skbs(c1, c2) -> int:
     """The compressed packets h1's daemon (counters c1) sent, as netfilter on the way to h2 (c2)
     counts them: each v2 packet once, and each v3 train once, since the sender's GSO skb crosses

@@ -27,10 +27,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namesp
 
 from test_nicd_v3 import kernel_log_stays_clean  # noqa: E402,F401 (autouse: rule 7, no new kernel WARN or BUG)
 
-# The gso path of wire format v2: super-packets cut into compressed packets that leave by the raw
-# socket. With trains (on by default) nearly every super-packet leaves as a v3 train in its
-# verdict instead: tests/test_nicd_v3.py.
-V2 = ("--gso", "--no-trains")
+V2 = test_nicd.V2_GSO  # this file tests wire format v2's gso path, whatever the trains default
 
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from test_nicd import DROPS6 as DROPS
-from test_nicd import (Transfer, add_counting_rule, assert_restored_or_raw, assert_went_compressed, assert_words_equal,
+from test_nicd import (V2_GSO, Transfer, add_counting_rule, assert_restored_or_raw, assert_went_compressed, assert_words_equal,
                        count_raw_tagged,
                        fell_back_lines, make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd,
                        transfer)
@@ -348,10 +348,8 @@ def test_flow_table_keys_ipv6_flows_by_their_addresses():
 
 # --- end to end: real TCP over IPv6 through the soft NICs -------------------------------------
 
-# "gso" is format v2's raw-socket path (trains, on by default, leave in the verdict instead; their
-# IPv6 runs are tests/test_nicd_v3.py's)
-V2 = ("--gso", "--no-trains")
-MODES = {"per-packet": ("--no-gso",), "gso": V2}
+# "gso" is format v2's raw-socket path (trains' IPv6 runs are tests/test_nicd_v3.py's)
+MODES = {"per-packet": ("--no-gso",), "gso": V2_GSO}
 
 
 @needs_root
@@ -489,7 +487,7 @@ def test_ipv6_gso_cuts_to_the_route_mtu(tmp_path, small):
                           "-m", "length", "--length", "1281:65535", family=6)
         add_counting_rule(h2, "near", "-s", h1.ip6, "-p", "tcp", "-m", "dscp", "--dscp", "11",
                           "-m", "length", "--length", "1200:1280", family=6)
-        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *V2, family=6)
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *V2_GSO, family=6)
         big, near = rule_counts(h2, "big", family=6)[0], rule_counts(h2, "near", family=6)[0]
     assert_restored_or_raw(got, small.tobytes(), want, raw, "IPv6 at a 1280-byte path MTU")
     assert big == 0, f"{big} compressed packets over the path MTU arrived"
@@ -512,7 +510,7 @@ def test_ipv6_dnat_on_the_sender(tmp_path, small):
         h1.run(["ip6tables", "-w", "5", "-t", "nat", "-A", "OUTPUT", "-d", VIP6, "-p", "tcp", "-j", "DNAT",
                 "--to-destination", h2.ip6], check=True)
         add_counting_rule(h1, "rst", "-p", "tcp", "--tcp-flags", "RST", "RST", family=6)
-        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *V2, family=6, dest=VIP6, timeout=40)
+        got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *V2_GSO, family=6, dest=VIP6, timeout=40)
         rsts = rule_counts(h1, "rst", family=6)[0]
     assert_restored_or_raw(got, small.tobytes(), want, raw, "through h1's DNAT66")
     assert rsts == 0
@@ -555,7 +553,7 @@ def test_ipv6_gso_recuts_when_the_path_mtu_falls(tmp_path, small):
     with make_testbed(mtu=1500, ipv6=True) as tb:
         h1, h2 = tb.hosts
         count_raw_tagged(h2, family=6)
-        with running_nicd(h1, tmp_path, *V2) as d1, running_nicd(h2, tmp_path, *V2) as d2:
+        with running_nicd(h1, tmp_path, *V2_GSO) as d1, running_nicd(h2, tmp_path, *V2_GSO) as d2:
             t = Transfer(h1, h2, small.tobytes(), tmp_path, family=6, pause_at=1 << 20)
             try:
                 t.wait_paused()

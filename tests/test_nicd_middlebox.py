@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from test_nicd import (DROPS, add_counting_rule, assert_restored_or_raw, count_raw_tagged, fell_back_lines,
+from test_nicd import (DROPS, V2_GSO, add_counting_rule, assert_restored_or_raw, count_raw_tagged, fell_back_lines,
                        nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
@@ -170,7 +170,7 @@ def test_qdisc_drops_of_compressed_packets_are_counted_as_lost(tb_name, tmp_path
             eth = ipr.link_lookup(ifname="eth0")[0]
             ipr.tc("add", "tbf", eth, 0x10000, rate="40mbit", burst=6000, limit=20000)
         # the raw socket's sends (format v2): trains leave in their verdicts, past this count
-        got, c1, c2, raw = nicd_transfer(t.a, t.b, small.tobytes(), tmp_path, "--gso", "--no-trains", timeout=60)
+        got, c1, c2, raw = nicd_transfer(t.a, t.b, small.tobytes(), tmp_path, *V2_GSO, timeout=60)
         with ns.ipr(t.a.netns) as ipr:
             qdisc_drops = next(q for q in ipr.get_qdiscs(index=eth) if q.get_attr("TCA_KIND") == "tbf") \
                 .get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")["drops"]

@@ -19,7 +19,7 @@ import time
 
 import pytest
 from netns_helpers import wait_until
-from test_nicd import (DROPS, PEER, PY, Transfer, add_counting_rule, assert_restored_or_raw, count_raw_tagged,
+from test_nicd import (DROPS, V2_GSO, PEER, PY, Transfer, add_counting_rule, assert_restored_or_raw, count_raw_tagged,
                        nicd_transfer, raw_sent, recon, rule_counts, running_nicd, xtables)
 
 from inceptionn.daemon import rules
@@ -33,7 +33,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namesp
 # rewritten must do (restore by its checksum mark, or fail the stack's checksum). Trains have no
 # such mark; their own test is test_trains_across_a_dscp_rewriting_router_give_up_for_v2.
 GSO = pytest.mark.parametrize("gso", ["--gso", "--no-gso"])
-V2 = {"--gso": ("--gso", "--no-trains"), "--no-gso": ("--no-gso",)}
+V2 = {"--gso": V2_GSO, "--no-gso": ("--no-gso",)}
 
 
 def segment(payload: bytes) -> bytes:
@@ -119,7 +119,7 @@ def test_rewritten_marks_restored_and_counted(tb_name, tmp_path, small, gso, fam
 @needs_root
 @FAMILY
 def test_trains_across_a_dscp_rewriting_router_give_up_for_v2(tb_name, tmp_path, small, family):
-    """Trains (the default) across the same router: a train whose DSCP was rewritten is not
+    """Trains across the same router: a train whose DSCP was rewritten is not
     queued at h2 (the rule that catches rewritten packets matches v2's header only) and its stack
     drops it (its seq is 2^31 off). h1's soft NIC sees the ranges go out again, gives the flow's
     trains up (once) and goes on in format v2, which h2 restores by its checksum mark: the stream
