@@ -158,10 +158,8 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
              * still finds every header; a segment that arrives alone and cut wrong is dropped
              * (drop_header) and TCP retransmits it. */
             size_t gso_size = mtu > p.payload_off ? mtu - p.payload_off : 0;
-            if (fi.send_trains && gso_skb && p.payload_len > gso_size) {
-                egress_train(id, &p, isn, gso_size, &rc, cx);
+            if (fi.send_trains && gso_skb && p.payload_len > gso_size && egress_train(id, &p, isn, gso_size, cx))
                 return;
-            }
             if (!rc.view.known) { /* NAT might take the raw socket's packets for another flow */
                 COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
                 COUNT(cx, EGRESS_RAW_BYTES, p.payload_len);

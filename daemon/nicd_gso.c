@@ -296,11 +296,13 @@ void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
 /* v3 (docs/wire-format.md, "Segment trains"): a GSO skb of a flow whose peer restores trains goes
  * back in its own verdict as one train, which the kernel cuts at the skb's gso_size with fresh
  * checksums after the hook, keeping all it knows of the original (route, mark, conntrack, NAT
- * after us). A train of one segment cannot: the kernel refuses to cut a GSO skb no longer than
- * its gso_size and would drop it, so that one packet leaves by the raw socket (once the flow's
- * view before NAT is known, else raw). One that does not compress leaves unchanged. */
-void egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gso_size, const struct route_ctx *rc,
-                  struct ctx *cx)
+ * after us). Returns 1 when the packet is dealt with (a train, or unchanged when it does not
+ * compress). Returns 0, having sent and counted nothing, when it compresses into one segment:
+ * the kernel refuses to cut a GSO skb no longer than its gso_size and would drop it, and the
+ * raw socket is no way out for a v3 segment either, since its packets enter conntrack again
+ * and a seq 2^31 away is INVALID there (so NAT passes it by: through a DNAT it left for the
+ * service address and was lost). The caller sends it as v2, at its original seq. */
+int egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gso_size, struct ctx *cx)
 {
     uint64_t tiers[4] = {0, 0, 0, 0};
     int nsegs = 0;
@@ -312,30 +314,15 @@ void egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gs
     PROF_END(cx, COMPRESS, tc);
     if (r <= NICD_TOO_SHORT) {
         leave_raw(id, p, r, cx);
-        return;
+        return 1;
     }
-    if (nsegs == 1 && !rc->view.known) { /* NAT might take the raw socket's packet for another flow */
-        COUNT(cx, EGRESS_RAW_VIEW_PENDING, 1);
-        COUNT(cx, EGRESS_RAW_BYTES, p->payload_len);
-        verdict(id, NF_ACCEPT, NULL, 0, cx);
-        return;
-    }
+    if (nsegs == 1)
+        return 0;
     COUNT(cx, EGRESS_ORIG_BYTES, p->payload_len);
     count_tiers(cx, tiers);
-    if (nsegs == 1) {
-        memcpy(cx->segs, OUT(cx), (size_t)r);
-        cx->seg_len[0] = (size_t)r;
-        flush(cx); /* earlier verdicts of this flow leave first */
-        PROF_BEGIN(ts);
-        int too_big = send_segments(cx, p, rc, 1, p->payload_off);
-        PROF_END(cx, SEND, ts);
-        COUNT(cx, GSO_SEND_ERRORS, (uint64_t)too_big);
-        COUNT(cx, GSO_SUPER_PACKETS, 1);
-        verdict(id, NF_DROP, NULL, 0, cx);
-        return;
-    }
     COUNT(cx, EGRESS_TRAINS, 1);
     COUNT(cx, EGRESS_COMPRESSED, (uint64_t)nsegs);
     COUNT(cx, EGRESS_WIRE_BYTES, (size_t)r - p->payload_off);
     verdict(id, NF_ACCEPT, OUT(cx), (size_t)r, cx);
+    return 1;
 }

@@ -193,8 +193,7 @@ size_t egress_mtu(const struct ctx *cx, uint32_t ifindex, const struct nicd_pkt 
 void egress_gso(uint32_t id, const struct nicd_pkt *p, uint32_t isn,
                 size_t mtu, size_t mss_len, const struct route_ctx *rc, struct ctx *cx);
 int send_one(struct ctx *cx, uint8_t *buf, size_t len, const struct nicd_pkt *p, const struct route_ctx *rc);
-void egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gso_size, const struct route_ctx *rc,
-                  struct ctx *cx);
+int egress_train(uint32_t id, const struct nicd_pkt *p, uint32_t isn, size_t gso_size, struct ctx *cx);
 
 #pragma GCC visibility pop
 

@@ -123,7 +123,12 @@ def send(a):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    if a.pause_at is not None:
+    if a.write:  # each write its own skb (a GSO skb of a few MSS): no coalescing by Nagle or corking
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(0, len(data), a.write):
+            s.sendall(data[i:i + a.write])
+            time.sleep(0.001)
+    elif a.pause_at is not None:
         s.sendall(data[:a.pause_at])
         print("paused", flush=True)
         while not os.path.exists(a.go):
@@ -429,6 +434,7 @@ def main():
     s.add_argument("--mss", type=int)
     s.add_argument("--mark", type=int)
     s.add_argument("--pause-at", type=int)
+    s.add_argument("--write", type=int, help="send in writes of this many bytes, 1 ms apart, TCP_NODELAY")
     s.add_argument("--go")
     s.add_argument("--timeout", type=float, default=60)
     s.add_argument("--md5-peer", metavar="IP", help="sign with TCP MD5 (RFC 2385) for this peer")
