@@ -55,7 +55,7 @@ SETTINGS = (
             "as the fewest compressed packets that fit the path MTU; refuse to start without CAP_NET_RAW "
             "(default: gso = \"auto\", on when the daemon has CAP_NET_RAW, else per packet)",
             stats=True, c_field="gso"),
-    Setting("trains", False, "onoff", "wire format v3: send each super-packet of a flow whose peer says it "
+    Setting("trains", True, "onoff", "wire format v3: send each super-packet of a flow whose peer says it "
             "restores trains as one compressed segment train in its verdict (with gso), and take GRO-merged "
             "trains whole on ingress; --no-trains: format v2 only",
             stats=True, c_field="trains"),
