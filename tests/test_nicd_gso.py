@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import test_nicd
-from test_nicd import (DROPS, INC, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
+from test_nicd import (DROPS, INC, LOSS_5PCT, add_counting_rule, assert_restored_or_raw, assert_words_equal, count_raw_tagged,
                        make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd, transfer)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and netfilter")
@@ -315,8 +315,7 @@ def test_gso_random_loss(tmp_path, small):
     with make_testbed(mtu=1500) as tb:
         h1, h2 = tb.hosts
         h2.run(["iptables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
-                "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
-                "--comment", "nt-loss", "-j", "DROP"], check=True)
+                *LOSS_5PCT, "-m", "comment", "--comment", "nt-loss", "-j", "DROP"], check=True)
         count_raw_tagged(h2)
         with running_nicd(h1, tmp_path, *V2) as d1, running_nicd(h2, tmp_path, *V2) as d2:
             got = transfer_once_view_known(h1, h2, d1, small.tobytes(), tmp_path, 1448)[0]

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from test_nicd import DROPS6 as DROPS
-from test_nicd import (V2_GSO, Transfer, add_counting_rule, assert_restored_or_raw, assert_went_compressed, assert_words_equal,
+from test_nicd import (LOSS_5PCT, V2_GSO, Transfer, add_counting_rule, assert_restored_or_raw, assert_went_compressed, assert_words_equal,
                        count_raw_tagged,
                        fell_back_lines, make_testbed, nicd_transfer, raw_sent, recon, rule_counts, running_nicd,
                        transfer)
@@ -389,8 +389,7 @@ def test_ipv6_random_loss(tmp_path, small, mode):
     with make_testbed(mtu=1500, ipv6=True) as tb:
         h1, h2 = tb.hosts
         h2.run(["ip6tables", "-w", "5", "-t", "raw", "-A", "PREROUTING", "-i", h2.ifname, "-p", "tcp",
-                "-m", "statistic", "--mode", "random", "--probability", "0.05", "-m", "comment",
-                "--comment", "nt-loss", "-j", "DROP"], check=True)
+                *LOSS_5PCT, "-m", "comment", "--comment", "nt-loss", "-j", "DROP"], check=True)
         got, c1, c2, raw = nicd_transfer(h1, h2, small.tobytes(), tmp_path, *MODES[mode], family=6)
         lost = rule_counts(h2, "loss", family=6)[0]
     assert lost > 0, "the loss rule dropped nothing"
