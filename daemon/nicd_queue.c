@@ -183,8 +183,9 @@ int nicd_run(struct nicd_config *cfg, struct nicd_stats *st, char *err, size_t e
 #undef PROF_NAME_
         };
         char line[1024];
-        int at = snprintf(line, sizeof line, "nicd-profile pid %d queues %u/%u gso %d accept_only %d egress %llu ingress %llu",
-                          (int)getpid(), cfg->egress_queue, cfg->ingress_queue, cfg->gso, cfg->accept_only,
+        int at = snprintf(line, sizeof line, "nicd-profile pid %d queues %u/%u gso %d trains %d accept_only %d egress %llu "
+                          "ingress %llu", (int)getpid(), cfg->egress_queue, cfg->ingress_queue, cfg->gso, cfg->trains,
+                          cfg->accept_only,
                           (unsigned long long)st->c[NICD_C_EGRESS_PACKETS], (unsigned long long)st->c[NICD_C_INGRESS_PACKETS]);
         for (int i = 0; i < PH_N && at > 0 && (size_t)at < sizeof line; i++)
             at += snprintf(line + at, sizeof line - (size_t)at, " %s %llu/%llu", names[i],
