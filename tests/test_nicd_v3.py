@@ -51,8 +51,10 @@ def test_v3_stream_equals_reconstruction_in_trains(tmp_path, small, mtu, family)
     assert_restored_or_raw(got, small.tobytes(), want, raw, f"v3, MTU {mtu}, IPv{family}")
     assert c1["flows_negotiated"] == 1 and c2["flows_negotiated"] == 1
     assert c1["egress_trains"] > 0 and c1["egress_orig_bytes"] > 0.9 * small.nbytes, c1
-    # every segment of a train restored (the rest: lone segments, not GSO skbs, sent as v2)
-    assert 0.9 * c1["egress_compressed"] < c2["ingress_train_segments"] <= c1["egress_compressed"], (c1, c2)
+    # every compressed segment restored, most in trains (the rest leave as v2: lone segments, skbs
+    # that are no GSO skb, and super-packets that compress into one segment: 9 of 75 at MTU 9000)
+    assert 0.9 * c1["egress_compressed"] < c2["ingress_restored"] <= c1["egress_compressed"], (c1, c2)
+    assert c2["ingress_train_segments"] > 0.5 * c1["egress_compressed"], (c1, c2)
     assert c2["ingress_orig_bytes"] == c1["egress_orig_bytes"]
     assert c2["ingress_wire_bytes"] == c1["egress_wire_bytes"] < c1["egress_orig_bytes"]
     for key in DROPS + ("drop_train_tail",):
