@@ -156,7 +156,9 @@ void egress(struct nfq_data *nfa, struct ctx *cx)
              * the path MTU and the flow's MSS, both in mtu, less this skb's IP and TCP headers. A
              * wrong guess only misplaces the cuts: GRO joins a whole train back and the walk
              * still finds every header; a segment that arrives alone and cut wrong is dropped
-             * (drop_header) and TCP retransmits it. */
+             * (drop_header) and TCP retransmits it. One that compresses into a single segment
+             * is no train (egress_train says why) and goes on below as v2, compressed again:
+             * only small GSO skbs (resends, the ends of writes) pay that second pass. */
             size_t gso_size = mtu > p.payload_off ? mtu - p.payload_off : 0;
             if (fi.send_trains && gso_skb && p.payload_len > gso_size && egress_train(id, &p, isn, gso_size, cx))
                 return;
