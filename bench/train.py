@@ -13,7 +13,9 @@ from __future__ import annotations
 HELP = "training time breakdown and accuracy: WA, WA+C, INC, INC+C over seeds, scaling / error feedback on and off"
 
 import json
+import math
 import os
+import re
 import statistics
 
 # name on the command line -> (algo, compress, scaling, error_feedback)
@@ -35,15 +37,42 @@ CONFIGS = {
     "ddp-powersgd-r4": ("ddp", "powersgd-r4", None, None),
 }
 DEFAULT_CONFIGS = ",".join(c for c in CONFIGS if not c.startswith("ddp"))
+CONFIG_SYNTAX = ("wa+CODEC or inc+CODEC (that codec inside the collective, error feedback as its traits ask), "
+                 "and @hN after inc+c or inc+inceptionn for headroom N (the scaled wire)")
+
+
+def config_spec(name: str) -> tuple[str, str, bool | None, bool | None, int] | None:
+    """(algo, compress, scaling, error_feedback, headroom) of a --configs entry, None if unknown:
+    a CONFIGS name, ``wa+CODEC`` / ``inc+CODEC`` (the codec in the application), either with
+    ``@hN`` when its wire is scaled (headroom N, limits.headroom_problem)."""
+    from ..codecs import available_codecs
+
+    base, _, h = name.partition("@h")
+    if base in CONFIGS:
+        spec = CONFIGS[base]
+    elif (m := re.fullmatch(r"(wa|inc)\+([a-z0-9]+)", base)) and m[2] in available_codecs():
+        spec = (m[1], m[2], None, None)
+    else:
+        return None
+    if not _:
+        return (*spec, 0)
+    if not h.isdigit() or spec[1] not in ("nic", "inceptionn"):
+        return None
+    return (*spec, int(h))
 
 
 def parse_configs(text: str) -> list[str]:
     from ..errors import UserError
+    from ..limits import headroom_problem
 
     names = [c.strip().lower() for c in text.split(",") if c.strip()]
-    bad = [c for c in names if c not in CONFIGS]
+    bad = [c for c in names if config_spec(c) is None]
     if bad or not names:
-        raise UserError(f"--configs: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(CONFIGS)}")
+        raise UserError(f"--configs: unknown {', '.join(bad) or 'empty list'}; choose {', '.join(CONFIGS)}, "
+                        f"or {CONFIG_SYNTAX}")
+    for c in names:
+        if problem := headroom_problem(config_spec(c)[4]):
+            raise UserError(f"--configs {c}: headroom {problem}")
     return list(dict.fromkeys(names))
 
 
@@ -97,10 +126,12 @@ def time_to_accuracy(curve, target: float, seconds_per_epoch: float) -> float | 
     return None
 
 
-def time_to_accuracy_rows(results, baseline_names=("INC", "DDP")) -> dict:
+def time_to_accuracy_rows(results, baseline_names=("INC", "DDP"), per_iteration: dict | None = None) -> dict:
     """Per configuration: the epoch-wise accuracy curve (mean over seeds), and the measured time
     (mean seconds per iteration x iterations) at which it first reaches the first present
-    baseline's mean final accuracy minus ``TTA_MARGIN``."""
+    baseline's mean final accuracy minus ``TTA_MARGIN``. ``per_iteration`` (name -> seconds)
+    replaces the runs' own times with those measured on another link (``time_per_iteration``):
+    the accuracy per epoch does not depend on the link, the runs being deterministic."""
     by: dict[str, list] = {}
     for r in results:
         by.setdefault(r.name, []).append(r)
@@ -112,11 +143,42 @@ def time_to_accuracy_rows(results, baseline_names=("INC", "DDP")) -> dict:
     for name, runs in by.items():
         epochs = min(len(r.accuracy) for r in runs)
         curve = [statistics.mean(r.accuracy[e] for r in runs) for e in range(epochs)]
-        per_epoch = statistics.mean(r.times["iteration"] for r in runs) * runs[0].iters_per_epoch
+        if per_iteration is not None and name not in per_iteration:
+            continue
+        iteration = per_iteration[name] if per_iteration is not None else statistics.mean(r.times["iteration"] for r in runs)
+        per_epoch = iteration * runs[0].iters_per_epoch
         secs = time_to_accuracy(curve, target, per_epoch)
-        rows.append({"name": name, "curve": curve, "seconds": secs,
+        rows.append({"name": name, "curve": curve, "seconds": secs, "iteration": iteration,
                      "epoch": None if secs is None else round(secs / per_epoch)})
     return {"baseline": base, "target": target, "rows": rows}
+
+
+def parse_time_rates(text: str | None) -> list[str]:
+    from ..errors import UserError
+    from ..kernel_tc.units import parse_rate
+
+    rates = [r.strip() for r in (text or "").split(",") if r.strip()]
+    for r in rates:
+        try:
+            ok = parse_rate(r) > 0
+        except (UserError, ValueError):
+            ok = False
+        if not ok:
+            raise UserError(f"--time-at: bad rate {r!r} (tc units, e.g. 100mbit,1gbit)")
+    return list(dict.fromkeys(rates))
+
+
+def time_per_iteration(configs, iters_per_epoch: int, iters: int, **bed) -> dict[str, float]:
+    """Mean seconds per iteration of each configuration over ``iters`` iterations on a testbed of
+    its own (``bed``: run_configs' keywords, the link rate among them), the first iterations
+    included as in the accuracy runs."""
+    from dataclasses import replace
+
+    from ..train.job import run_configs
+
+    epochs = math.ceil(iters / iters_per_epoch)
+    short = [replace(c, epochs=epochs, max_iters=min(iters_per_epoch, iters), decay_at=None) for c in configs]
+    return {r.name: r.times["iteration"] for r in run_configs(short, **bed, on_diverged=lambda exc: None)}
 
 
 def print_report(report: dict, results) -> None:
@@ -152,6 +214,15 @@ def print_report(report: dict, results) -> None:
         for r in tta["rows"]:
             when = "never" if r["seconds"] is None else f"{r['seconds']:.1f} s (epoch {r['epoch']})"
             print(f"{r['name']:<28}{when}")
+    for t_rate, tta in report["time_to_accuracy_at"].items():
+        if not tta["baseline"]:
+            continue
+        print()
+        print(f"Time to accuracy at {t_rate} (same target; the epochs of the runs above x their time per iteration "
+              f"measured at {t_rate} over {s['time_iters']} iterations):")
+        for r in sorted(tta["rows"], key=lambda r: math.inf if r["seconds"] is None else r["seconds"]):
+            when = "never" if r["seconds"] is None else f"{r['seconds']:.1f} s (epoch {r['epoch']})"
+            print(f"{r['name']:<28}{1000 * r['iteration']:8.1f} ms/iteration   {when}")
     print()
     print(table_notes())
     print("Accuracy target: INC+C within 0.5 point of INC (mean over seeds). no-scaling / no-EF: the soft NIC "
@@ -170,10 +241,14 @@ def run(args) -> int:
     configs = []
     for seed in seeds:
         for n in names:
-            algo, compress, scaling, feedback = CONFIGS[n]
+            algo, compress, scaling, feedback, headroom = config_spec(n)
             configs.append(TrainConfig(algo=algo, compress=compress, scaling=scaling, error_feedback=feedback,
-                                       error_bound=args.error_bound, epochs=args.epochs, max_iters=args.max_iters,
-                                       data=args.data, seed=seed, lr=args.lr, warmup=args.warmup_iters))
+                                       headroom=headroom, error_bound=args.error_bound, epochs=args.epochs,
+                                       max_iters=args.max_iters, data=args.data, seed=seed, lr=args.lr,
+                                       warmup=args.warmup_iters))
+    time_rates = parse_time_rates(args.time_at)
+    if args.time_iters < 2:
+        raise UserError(f"--time-iters must be at least 2, got {args.time_iters}")
     data = preflight(configs[0])
     if args.chart and not args.chart.lower().endswith(".png"):
         raise UserError(f"--chart must name a .png file, got {args.chart}")
@@ -199,14 +274,22 @@ def run(args) -> int:
     if not results:
         raise UserError("every run diverged; try a lower --lr")
     r0 = results[0]
+    timed = {}
+    for t_rate in time_rates:
+        progress.line(f"timing every configuration at {t_rate}: {args.time_iters} iterations, seed {seeds[0]}")
+        timed[t_rate] = time_per_iteration(configs[:len(names)], r0.iters_per_epoch, args.time_iters,
+                                           hosts=args.hosts, rate=t_rate, mtu=args.mtu, name=args.name or "btrain",
+                                           on_event=progress.event, progress=progress.line)
     report = {
         "settings": {"dataset": r0.dataset, "hosts": r0.hosts, "rate": rate, "mtu": args.mtu, "epochs": args.epochs,
                      "iters_per_epoch": r0.iters_per_epoch, "seeds": seeds, "configs": names,
                      "error_bound": args.error_bound, "lr": args.lr, "warmup_iters": args.warmup_iters,
+                     "time_at": time_rates, "time_iters": args.time_iters,
                      "load_average": os.getloadavg()},
         "time": comparison_rows(results),
         "accuracy": accuracy_rows(results, diverged),
         "time_to_accuracy": time_to_accuracy_rows(results),
+        "time_to_accuracy_at": {t_rate: time_to_accuracy_rows(results, per_iteration=t) for t_rate, t in timed.items()},
         "diverged": [{"name": n, "seed": sd} for n, sd in diverged],
         "runs": [r.to_dict() for r in results],
     }
@@ -230,9 +313,15 @@ def add_arguments(p) -> None:
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated configurations (default {DEFAULT_CONFIGS}); ddp, ddp-fp16, ddp-bf16, "
                    "ddp-powersgd-r1, ddp-powersgd-r4 on request: DDP's exchange over gloo without a hook, with its "
-                   "fp16 / bf16 compress hooks and with powerSGD_hook at rank 1 / 4 (need torch)")
+                   "fp16 / bf16 compress hooks and with powerSGD_hook at rank 1 / 4 (need torch); also "
+                   f"{CONFIG_SYNTAX} (e.g. inc+thc, inc+c@h2)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, from --seed on (default 3)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--seed-list", metavar="S,S,...", help="explicit seeds instead of --seeds/--seed")
     p.add_argument("--chart", metavar="PNG", help="also write a chart (time breakdown, accuracy per epoch)")
+    p.add_argument("--time-at", metavar="RATE,RATE", help="after the accuracy runs, time each configuration at these "
+                   "link rates (e.g. 100mbit,1gbit) and give its time to accuracy there: the same epochs, that "
+                   "link's time per iteration (run the accuracy runs unshaped, --rate none, to save time)")
+    p.add_argument("--time-iters", type=int, default=30, metavar="N",
+                   help="iterations of each --time-at run (default 30; seed of the first accuracy run)")
     p.set_defaults(func=run)

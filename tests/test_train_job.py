@@ -80,6 +80,31 @@ def test_time_to_accuracy_on_hand_made_curves():
     assert rows["X"]["seconds"] == pytest.approx(1.0) and rows["X"]["curve"] == pytest.approx([0.8, 0.898])
     assert rows["Y"]["seconds"] is None and rows["Y"]["epoch"] is None
 
+    # another link's time per iteration: the same epochs, that link's seconds; Y was not timed
+    at = time_to_accuracy_rows(res, per_iteration={"INC": 0.5, "X": 0.2})
+    rows = {r["name"]: r for r in at["rows"]}
+    assert at["target"] == pytest.approx(0.897) and set(rows) == {"INC", "X"}
+    assert rows["INC"]["seconds"] == pytest.approx(10.0) and rows["X"]["seconds"] == pytest.approx(4.0)
+
+
+def test_bench_train_config_syntax():
+    from inceptionn.bench.train import config_spec, parse_configs
+
+    assert config_spec("inc+c") == ("inc", "nic", None, None, 0)
+    assert config_spec("inc+c@h2") == ("inc", "nic", None, None, 2)
+    assert config_spec("inc+thc") == ("inc", "thc", None, None, 0)
+    assert config_spec("wa+terngrad") == ("wa", "terngrad", None, None, 0)
+    assert config_spec("inc+inceptionn@h1") == ("inc", "inceptionn", None, None, 1)
+    assert config_spec("ddp-fp16") == ("ddp", "fp16", None, None, 0)
+    # headroom only where the wire is scaled; unknown codecs and junk after @h are unknown entries
+    for bad in ("inc+thc@h1", "ddp-fp16@h1", "inc+zip", "inc+c@h", "inc+c@hx", "ps+thc", "inc+c@h-1"):
+        assert config_spec(bad) is None, bad
+    assert parse_configs("INC, inc+c@h2 ,inc") == ["inc", "inc+c@h2"]
+    with pytest.raises(UserError, match="unknown inc\\+thc@h1; choose .* @hN"):
+        parse_configs("inc,inc+thc@h1")
+    with pytest.raises(UserError, match="--configs inc\\+c@h99: headroom must be an integer"):
+        parse_configs("inc+c@h99")
+
 
 def test_shards_are_disjoint_and_equal():
     shards = [worker.shard_indices(1438, r, 4, seed=3) for r in range(4)]
@@ -386,6 +411,7 @@ def test_divergence_is_one_clear_error(tb_name, no_leaks):
     (["train", "--batch", "0"], ["--batch must be at least 1"]),
     (["demo", "--out", "/nonexistent/dir/x.png"], ["does not exist"]),
     (["bench", "train", "--configs", "inc,bogus"], ["unknown bogus"]),
+    (["bench", "train", "--time-at", "100mbit,fast"], ["--time-at: bad rate 'fast'"]),
 ])
 def test_user_errors_are_one_line(args, needles, tb_name, no_leaks):
     proc = run_cli(*args, "--name", tb_name, timeout=60)
