@@ -17,7 +17,8 @@ and on request (--impls): mpi-nic and mpi-app, the same unmodified mpi4py progra
 inceptionn mpirun --compress-allreduce (collective/pmpi_allreduce.c), the library's ring on tagged
 sockets that the soft NICs compress, or with the codec in the library and no daemon involved;
 ring-app (the same ring compressing inside the collective, the codec
-in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it),
+in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it;
+ring-app+thc, +3lc, +terngrad, +fft: another codec there),
 ring-nic (ring-gso with the soft NICs restarted per packet, nicd --no-gso), ring-notag (the
 compressing ring's computation on untagged sockets: the cost of the application side alone), wa
 and wa-nic (the worker-aggregator exchange, plain or compressed).
@@ -71,10 +72,19 @@ PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
 HEADROOM_IMPLS = ("ring-app", "ring-nic", "ring-gso", "ring-notag")   # the Group's rings take --headroom
 
 
+CODEC_IMPLS = ("ring-app",)    # ring-app+CODEC: another codec inside the collective (default inceptionn)
+
+
 def split_label(label: str) -> tuple[str, int]:
-    """A row's label -> (impl, headroom): ``ring-app/h2`` is ring-app at headroom 2."""
+    """A row's label -> (impl, headroom): ``ring-app/h2`` is ring-app at headroom 2,
+    ``ring-app+thc`` ring-app with the THC codec (``label_codec``)."""
     impl, _, h = label.partition("/h")
-    return impl, int(h) if h else 0
+    return impl.partition("+")[0], int(h) if h else 0
+
+
+def label_codec(label: str) -> str:
+    """The codec a row's ring runs: ``ring-app+thc`` -> thc; inceptionn where none is named."""
+    return label.partition("/h")[0].partition("+")[2] or "inceptionn"
 
 
 def expand_headrooms(impls: list[str], headrooms: list[int]) -> list[str]:
@@ -144,7 +154,7 @@ def run_impl(tb: Testbed, label: str, world: int, workdir: str, reps: int, timeo
         env = dict(os.environ, GLOO_SOCKET_IFNAME=hosts[0].ifname)
         procs = [h.popen(PEER + [impl, str(rank), str(world), workdir, str(reps),
                                  "--master", f"{hosts[0].ip}:{GLOO_PORT}", "--error-bound", str(error_bound),
-                                 "--headroom", str(headroom)],
+                                 "--headroom", str(headroom), "--codec", label_codec(label)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for rank, h in enumerate(hosts)]
         outs, errors = [], []
@@ -416,8 +426,16 @@ def run(args) -> int:
 
     impls = _csv(args.impls or ",".join(MPI_IMPLS if args.sweep else IMPLS), "impls")
     for i in impls:
-        if i not in IMPLS + EXTRA_IMPLS:
-            raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS + EXTRA_IMPLS)}")
+        base, _, codec = i.partition("+")
+        if base not in IMPLS + EXTRA_IMPLS:
+            raise UserError(f"--impls: unknown {i!r}; choose from {', '.join(IMPLS + EXTRA_IMPLS)}, "
+                            f"or {'/'.join(CODEC_IMPLS)}+CODEC")
+        if codec:
+            from ..codecs import available_codecs
+
+            if base not in CODEC_IMPLS or codec not in available_codecs():
+                raise UserError(f"--impls {i}: a codec goes after {', '.join(CODEC_IMPLS)} only, one of "
+                                f"{', '.join(available_codecs())}")
     headrooms = _csv(args.headroom, "headroom", int)
     if not headrooms or any(headroom_problem(h) for h in headrooms) or len(set(headrooms)) != len(headrooms):
         raise UserError(f"--headroom: distinct integers in 0..{MAX_HEADROOM} (bits of precision the scaling gives up)")
@@ -476,7 +494,8 @@ def run(args) -> int:
 def add_arguments(p) -> None:
     p.add_argument("--rates", default="100mbit,1gbit", help="comma-separated link rates (default 100mbit,1gbit)")
     p.add_argument("--sizes", default="10,100", help="gradient sizes in MiB (default 10,100)")
-    p.add_argument("--impls", help=f"which allreduces (default {','.join(IMPLS)}); with --sweep: from "
+    p.add_argument("--impls", help=f"which allreduces (default {','.join(IMPLS)}); on request also "
+                   f"{','.join(EXTRA_IMPLS)}, and ring-app+CODEC for another codec in ring-app; with --sweep: from "
                    f"{','.join(MPI_IMPLS)} (default all three)")
     p.add_argument("--hosts", type=int, default=4, help="hosts for the size sweep (default 4)")
     p.add_argument("--scale-hosts", default="2,4,8",

@@ -2,12 +2,13 @@
 gradient file and prints one JSON line. Run by the benchmark inside a testbed host:
 
     python -m inceptionn.bench.allreduce_peer IMPL RANK WORLD WORKDIR REPS [--master ADDR:PORT]
-                                              [--error-bound K] [--headroom H] [--counts N,N,...]
+                                              [--error-bound K] [--headroom H] [--codec NAME]
+                                              [--counts N,N,...]
 
 IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
 soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemons with gso),
 ``ring-app`` (the same ring compressing inside the collective, codec in the application, untagged
-sockets, no daemon involved), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
+sockets, no daemon involved; ``--codec`` another codec than inceptionn), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
 ``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the
 cost of the application side alone), ``gloo`` (torch.distributed), ``gloo-fp16`` / ``gloo-bf16``
 (gloo as DDP runs it with torch's ``fp16_compress_hook`` / ``bf16_compress_hook``: per 25 MiB
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> int:
     error_bound = int(argv[argv.index("--error-bound") + 1]) if "--error-bound" in argv else DEFAULT_ERROR_BOUND
     counts = [int(c) for c in argv[argv.index("--counts") + 1].split(",")] if "--counts" in argv else None
     headroom = int(argv[argv.index("--headroom") + 1]) if "--headroom" in argv else 0
+    codec_name = argv[argv.index("--codec") + 1] if "--codec" in argv else "inceptionn"
     comm = dist = group = None
     if impl.startswith("mpi"):
         from mpi4py import MPI
@@ -71,11 +73,11 @@ def main(argv: list[str]) -> int:
         from mpi4py import MPI
         op = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # noqa: E731
     else:
-        from inceptionn.codecs import get_codec
+        from inceptionn.codecs import applicable, get_codec
         from inceptionn.collective import FileStore, Group
         compress = {"ring": None, "wa": None, "ring-app": "app"}.get(impl, "nic")
         group = Group(rank, world, FileStore(os.path.join(workdir, "store")), compress=compress,
-                      codec=get_codec("inceptionn", error_bound=error_bound), prefix=f"bench-{impl}",
+                      codec=get_codec(codec_name, **applicable(codec_name, error_bound=error_bound)), prefix=f"bench-{impl}",
                       tag=impl != "ring-notag", headroom=headroom)
         if impl in ("wa", "wa-nic"):
             op = lambda: buf.__setitem__(slice(None), group.wa_step(buf, lambda s: s))  # noqa: E731

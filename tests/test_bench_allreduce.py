@@ -118,6 +118,21 @@ def test_ddp_compress_hooks_beside_gloo(no_leaks, capsys):
 
 
 @needs_root
+def test_ring_app_runs_other_codecs(no_leaks, capsys):
+    """ring-app+CODEC is the same ring with another codec inside the collective: TernGrad's
+    2 bits per value put fewer bytes on the wire than INCEPTIONN's tiers, with a larger error."""
+    from inceptionn.cli import main
+    rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "2", "--scale-hosts", "",
+               "--impls", "ring-app,ring-app+terngrad", "--reps", "1", "--json"])
+    assert rc == 0
+    row = json.loads(capsys.readouterr().out)["links"][0]["sizes"]["1"]
+    inc, tern = row["ring-app"], row["ring-app+terngrad"]
+    assert 0 < inc["nmse"] < 1e-3 < tern["nmse"] < 2, (inc["nmse"], tern["nmse"])
+    sent = {k: v["first_call_bytes"]["data"] for k, v in row.items()}
+    assert 0 < sent["ring-app+terngrad"] < 0.5 * sent["ring-app"], sent
+
+
+@needs_root
 def test_mpi_library_beside_stock_mpi(no_leaks, capsys):
     """The same unmodified mpi4py program: OpenMPI alone (exact), and through the MPI_Allreduce
     library in nic mode (the daemons compressed) and in app mode (nobody else did)."""
@@ -155,6 +170,8 @@ def test_threshold_sweep(no_leaks, capsys):
     (["--counts", "1000"], "--counts goes with --sweep"),
     (["--sweep", "--counts", "0"], "--counts: numbers of values"),
     (["--impls", "ring,carrier-pigeon"], "unknown 'carrier-pigeon'"),
+    (["--impls", "ring+thc"], "--impls ring+thc: a codec goes after ring-app only"),
+    (["--impls", "ring-app+zip"], "--impls ring-app+zip: a codec goes after ring-app only, one of 3lc"),
     (["--rates", "fast"], "fast"),
     (["--sizes", "ten"], "--sizes"),
     (["--hosts", "1"], "hosts must be"),
