@@ -19,7 +19,8 @@ sockets that the soft NICs compress, or with the codec in the library and no dae
 ring-app (the same ring compressing inside the collective, the codec
 in the application on untagged sockets: no daemon, so the NIC path's overhead shows beside it;
 ring-app+thc, +3lc, +terngrad, +fft: another codec there),
-ring-nic (ring-gso with the soft NICs restarted per packet, nicd --no-gso), ring-notag (the
+ring-nic (ring-gso with the soft NICs restarted per packet, nicd --no-gso), ring-gso-v2 (ring-gso
+without trains, nicd --no-trains: wire format v2's super-packets beside v3), ring-notag (the
 compressing ring's computation on untagged sockets: the cost of the application side alone), wa
 and wa-nic (the worker-aggregator exchange, plain or compressed).
 
@@ -61,15 +62,17 @@ HELP = "ring allreduce with and without the soft NIC against gloo, DDP's fp16/bf
 IMPLS = ("ring", "ring-gso", "gloo", "gloo-fp16", "gloo-bf16", "mpi")   # the default comparison: the daemons' default, gso
 GLOO_IMPLS = ("gloo", "gloo-fp16", "gloo-bf16")      # torch.distributed over gloo (need torch)
 HOOKS = tuple(HOOK_IMPLS)                            # DDP's 16-bit compress hooks
-EXTRA_IMPLS = ("ring-app", "ring-nic", "ring-notag", "wa", "wa-nic", "mpi-nic", "mpi-app")  # on request
+EXTRA_IMPLS = ("ring-app", "ring-nic", "ring-gso-v2", "ring-notag", "wa", "wa-nic", "mpi-nic", "mpi-app")  # on request
 MPI_IMPLS = ("mpi", "mpi-nic", "mpi-app")            # launched with inceptionn mpirun
-GSO_IMPLS = ("ring-gso", "mpi-nic")                  # run with the daemons in gso mode (their default)
+# the daemons' settings per allreduce: gso mode (their default) with trains (wire format v3, the default) or
+# without (v2 super-packets); per packet for the others
+NICD_MODES = {"ring-gso": {"gso": True}, "mpi-nic": {"gso": True}, "ring-gso-v2": {"gso": True, "trains": False}}
 SCALE_IMPLS = ("ring-nic", "wa-nic")
-RING_COMPRESSED = ("ring-app", "ring-nic", "ring-gso", "mpi-nic", "mpi-app")   # the compressing ring, wire format v2
+RING_COMPRESSED = ("ring-app", "ring-nic", "ring-gso", "ring-gso-v2", "mpi-nic", "mpi-app")   # the compressing ring, wire format v2
 CHUNK_VALUES = 65536     # the ring's pipeline chunk: Group's default chunk_bytes / 4, the library's INCEPTIONN_MPI_CHUNK
 GLOO_PORT = 29511
 PEER = [sys.executable, "-m", "inceptionn.bench.allreduce_peer"]
-HEADROOM_IMPLS = ("ring-app", "ring-nic", "ring-gso", "ring-notag")   # the Group's rings take --headroom
+HEADROOM_IMPLS = ("ring-app", "ring-nic", "ring-gso", "ring-gso-v2", "ring-notag")   # the Group's rings take --headroom
 
 
 CODEC_IMPLS = ("ring-app",)    # ring-app+CODEC: another codec inside the collective (default inceptionn)
@@ -225,20 +228,21 @@ def compression(workdir: str, world: int, error_bound: int, headrooms=(0,)) -> d
 
 @contextmanager
 def bench_testbed(rate: str, hosts: int, mtu: int, error_bound: int):
-    """A testbed of its own, a scratch directory, and ``daemons(gso)`` / ``nic_counters()`` for
+    """A testbed of its own, a scratch directory, and ``daemons(**settings)`` / ``nic_counters()`` for
     the soft NIC on every host."""
     # a name of its own per run: benchmarks started side by side (or one left behind) do not collide
     with Testbed(hosts=hosts, rate=rate, mtu=mtu, name=f"bar{os.getpid()}") as tb, ExitStack() as stack, \
             tempfile.TemporaryDirectory(prefix="inceptionn-bar-") as tmp:
-        mode = [None]  # the daemons' gso setting, None: not running
+        mode = [None]  # the daemons' settings, None: not running
 
-        def daemons(gso: bool) -> None:
-            """The soft NIC on every host, restarted when an allreduce needs the other mode."""
-            if mode[0] is not gso:
+        def daemons(**settings) -> None:
+            """The soft NIC on every host (daemon.launch.nicd's gso and trains), restarted when an
+            allreduce needs other settings."""
+            if mode[0] != settings:
                 stack.close()
                 for h in tb.hosts:
-                    stack.enter_context(nicd(h, os.path.join(tmp, f"{h.name}.sock"), error_bound, gso=gso))
-                mode[0] = gso
+                    stack.enter_context(nicd(h, os.path.join(tmp, f"{h.name}.sock"), error_bound, **settings))
+                mode[0] = settings
 
         def nic_counters() -> dict:
             """Packets all daemons sent compressed, and super-packets among what they took."""
@@ -269,7 +273,7 @@ def measure(rate: str, sizes: list[int], impls: list[str], world: int, scale_hos
             for r in range(rounds):
                 for impl in which:
                     log(f"{res['rate']} {size} MiB x {n} hosts round {r + 1}/{rounds}: {impl} ...")
-                    daemons(split_label(impl)[0] in GSO_IMPLS)
+                    daemons(**NICD_MODES.get(split_label(impl)[0], {"gso": False}))
                     c0 = nic_counters()
                     got = run_impl(tb, impl, n, workdir, reps, timeout, error_bound)
                     row[impl]["seconds"] += got["seconds"]
@@ -308,7 +312,7 @@ def measure_sweep(rate: str, counts: list[int], impls: list[str], world: int, ro
         for r in range(rounds):
             for impl in impls:
                 log(f"{res['rate']} sweep of {len(counts)} counts x {world} hosts round {r + 1}/{rounds}: {impl} ...")
-                daemons(impl in GSO_IMPLS)
+                daemons(**NICD_MODES.get(impl, {"gso": False}))
                 got = run_impl(tb, impl, world, workdir, reps, timeout, error_bound, counts)
                 for c in counts:
                     seconds[impl][c] += got["sweep"][str(c)]
@@ -401,8 +405,9 @@ def print_report(r: dict) -> None:
                 print(f"{n:>5}  {a['median']:8.3f} [{a['min']:.2f}-{a['max']:.2f}]  "
                       f"{b['median']:8.3f} [{b['min']:.2f}-{b['max']:.2f}]  {b['median'] / a['median']:6.2f}x")
     print("\nring = our ring, untagged (no compression); ring-gso = the same ring on tagged sockets "
-          "through the soft NICs (INC+C) in their default mode, gso; ring-nic = the same per packet (nicd --no-gso); "
-          "ring-app = the same ring compressing in the collective (no daemon); mpi-nic / mpi-app = MPI_Allreduce "
+          "through the soft NICs (INC+C) in their default mode, gso with trains; ring-gso-v2 = the same without trains "
+          "(nicd --no-trains); ring-nic = the same per packet (nicd --no-gso); "
+          "ring-app = the same ring compressing in the collective (no daemon; ring-app+CODEC another codec there); mpi-nic / mpi-app = MPI_Allreduce "
           "of the unmodified mpi4py program through the library of `inceptionn mpirun --compress-allreduce`, soft "
           "NICs / codec in the library; gloo-fp16 / gloo-bf16 = gloo with DDP's fp16 / bf16 compress hook (torch's "
           "own) per 25 MiB bucket, NMSE of the mean they return times the ranks; wa-nic = worker-aggregator, gradient leg compressed. "

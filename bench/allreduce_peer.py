@@ -6,7 +6,8 @@ gradient file and prints one JSON line. Run by the benchmark inside a testbed ho
                                               [--counts N,N,...]
 
 IMPL: ``ring`` (our ring, plain float32, untagged), ``ring-nic`` (our ring on tagged sockets: the
-soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemons with gso),
+soft NICs compress both legs; ``ring-gso`` the same, the launcher runs the daemons with gso;
+``ring-gso-v2`` with gso and no trains),
 ``ring-app`` (the same ring compressing inside the collective, codec in the application, untagged
 sockets, no daemon involved; ``--codec`` another codec than inceptionn), ``wa`` / ``wa-nic`` (the worker-aggregator exchange, plain / gradient leg tagged),
 ``ring-notag`` (ring-nic's computation, scaling and error feedback, on untagged sockets: the

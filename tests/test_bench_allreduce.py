@@ -17,13 +17,14 @@ from netns_helpers import needs_root
 def test_small_run_reports_every_allreduce(no_leaks, capsys):
     from inceptionn.cli import main
     rc = main(["bench", "allreduce", "--rates", "1gbit", "--sizes", "1", "--hosts", "3",
-               "--scale-hosts", "2", "--scale-size", "1", "--impls", "ring,ring-nic,ring-app,ring-gso,gloo",
+               "--scale-hosts", "2", "--scale-size", "1", "--impls", "ring,ring-nic,ring-app,ring-gso,ring-gso-v2,gloo",
                "--reps", "1", "--headroom", "0,2", "--json"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     link = r["links"][0]
     row = link["sizes"]["1"]
-    assert set(row) == {"ring", "ring-nic", "ring-app", "ring-gso", "gloo", "ring-nic/h2", "ring-app/h2", "ring-gso/h2"}
+    assert set(row) == {"ring", "ring-nic", "ring-app", "ring-gso", "ring-gso-v2", "gloo",
+                        "ring-nic/h2", "ring-app/h2", "ring-gso/h2", "ring-gso-v2/h2"}
     for impl, v in row.items():
         assert 0 < v["min"] <= v["median"] <= v["max"] < 60, (impl, v)
     assert row["ring"]["nmse"] < 1e-10 and row["gloo"]["nmse"] < 1e-10   # exact float32 sums
@@ -31,7 +32,7 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     # compressing in the collective gives the same sum as in the NIC (the same codec, scaling and
     # error feedback on the same values; the NIC's reconstruction of a reconstruction is itself)
     assert row["ring-app"]["nmse"] == pytest.approx(row["ring-nic"]["nmse"], rel=1e-6)
-    assert row["ring-gso"]["nmse"] == row["ring-nic"]["nmse"]
+    assert row["ring-gso"]["nmse"] == row["ring-nic"]["nmse"] == row["ring-gso-v2"]["nmse"]
     # the compression printed beside them is the ring's: ring-app's first call sent the simulated
     # codec bytes (plus a 4-byte length per payload) and got the simulated sum
     comp = link["compression"]["1"]
@@ -47,7 +48,9 @@ def test_small_run_reports_every_allreduce(no_leaks, capsys):
     # who compressed: the daemons for ring-nic (per packet) and ring-gso (super-packets), nobody else
     assert row["ring-nic"]["egress_compressed"] > 0 and row["ring-nic"]["gso_super_packets"] == 0
     supers = row["ring-gso"]["gso_super_packets"] + row["ring-gso"]["egress_trains"]   # v2 or v3 (trains)
-    assert supers > 0 and row["ring-gso"]["egress_compressed"] >= supers
+    assert supers > 0 and row["ring-gso"]["egress_compressed"] >= supers and row["ring-gso"]["egress_trains"] > 0
+    v2 = row["ring-gso-v2"]    # the daemons without trains: super-packets, each cut into v2 packets
+    assert v2["egress_trains"] == 0 and v2["gso_super_packets"] > 0 and v2["egress_compressed"] > v2["gso_super_packets"]
     for impl in ("ring", "ring-app", "gloo"):
         assert row[impl]["egress_compressed"] == 0, (impl, row[impl])
     assert set(link["scaling"]["2"]) == {"ring-nic", "wa-nic"}
