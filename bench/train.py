@@ -38,27 +38,37 @@ CONFIGS = {
 }
 DEFAULT_CONFIGS = ",".join(c for c in CONFIGS if not c.startswith("ddp"))
 CONFIG_SYNTAX = ("wa+CODEC or inc+CODEC (that codec inside the collective, error feedback as its traits ask), "
-                 "and @hN after inc+c or inc+inceptionn for headroom N (the scaled wire)")
+                 "then @ef or @noef to turn error feedback on or off, and @hN after inc+c or inc+inceptionn for "
+                 "headroom N (the scaled wire)")
 
 
 def config_spec(name: str) -> tuple[str, str, bool | None, bool | None, int] | None:
     """(algo, compress, scaling, error_feedback, headroom) of a --configs entry, None if unknown:
-    a CONFIGS name, ``wa+CODEC`` / ``inc+CODEC`` (the codec in the application), either with
-    ``@hN`` when its wire is scaled (headroom N, limits.headroom_problem)."""
+    a CONFIGS name or ``wa+CODEC`` / ``inc+CODEC`` (the codec in the application), then
+    modifiers: ``@ef`` / ``@noef`` (error feedback on / off, lossy rings only) and ``@hN`` where
+    the wire is scaled (headroom N, checked by limits.headroom_problem)."""
     from ..codecs import available_codecs
 
-    base, _, h = name.partition("@h")
+    base, *mods = name.split("@")
     if base in CONFIGS:
-        spec = CONFIGS[base]
+        algo, compress, scaling, feedback = CONFIGS[base]
     elif (m := re.fullmatch(r"(wa|inc)\+([a-z0-9]+)", base)) and m[2] in available_codecs():
-        spec = (m[1], m[2], None, None)
+        algo, compress, scaling, feedback = m[1], m[2], None, None
     else:
         return None
-    if not _:
-        return (*spec, 0)
-    if not h.isdigit() or spec[1] not in ("nic", "inceptionn"):
-        return None
-    return (*spec, int(h))
+    headroom, seen = 0, set()
+    for mod in mods:
+        kind = "h" if mod[:1] == "h" else mod
+        if kind in seen or (kind in ("ef", "noef") and seen & {"ef", "noef"}):
+            return None
+        seen.add(kind)
+        if mod in ("ef", "noef") and algo != "ddp" and compress != "none":
+            feedback = mod == "ef"
+        elif kind == "h" and mod[1:].isdigit() and compress in ("nic", "inceptionn"):
+            headroom = int(mod[1:])
+        else:
+            return None
+    return algo, compress, scaling, feedback, headroom
 
 
 def parse_configs(text: str) -> list[str]:

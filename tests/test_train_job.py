@@ -39,6 +39,7 @@ def test_config_names_and_checks():
     assert TrainConfig(compress="nic", scaling=False).name == "INC+C (no scaling)"
     assert TrainConfig(compress="nic", scaling=False, error_feedback=False).name == "INC+C (no scaling, no EF)"
     assert TrainConfig(compress="terngrad").name == "INC+terngrad"
+    assert TrainConfig(compress="terngrad", error_feedback=True).name == "INC+terngrad +EF"
     assert TrainConfig(algo="ddp").name == "DDP" and TrainConfig(algo="ddp", compress="fp16").name == "DDP fp16 hook"
     TrainConfig(algo="ddp", compress="powersgd-r4").check()
     for bad, needle in [(dict(algo="ps"), "unknown algorithm"), (dict(compress="zip"), "unknown compression"),
@@ -96,8 +97,12 @@ def test_bench_train_config_syntax():
     assert config_spec("wa+terngrad") == ("wa", "terngrad", None, None, 0)
     assert config_spec("inc+inceptionn@h1") == ("inc", "inceptionn", None, None, 1)
     assert config_spec("ddp-fp16") == ("ddp", "fp16", None, None, 0)
-    # headroom only where the wire is scaled; unknown codecs and junk after @h are unknown entries
-    for bad in ("inc+thc@h1", "ddp-fp16@h1", "inc+zip", "inc+c@h", "inc+c@hx", "ps+thc", "inc+c@h-1"):
+    assert config_spec("inc+terngrad@ef") == ("inc", "terngrad", None, True, 0)
+    assert config_spec("inc+c@h3@noef") == ("inc", "nic", None, False, 3)
+    # headroom only where the wire is scaled, error feedback only on a lossy ring; unknown codecs,
+    # junk after @h and repeated or contradicting modifiers are unknown entries
+    for bad in ("inc+thc@h1", "ddp-fp16@h1", "inc+zip", "inc+c@h", "inc+c@hx", "ps+thc", "inc+c@h-1",
+                "inc@ef", "ddp-fp16@noef", "inc+c@ef@noef", "inc+c@h1@h2", "inc+c@", "inc+thc@fast"):
         assert config_spec(bad) is None, bad
     assert parse_configs("INC, inc+c@h2 ,inc") == ["inc", "inc+c@h2"]
     with pytest.raises(UserError, match="unknown inc\\+thc@h1; choose .* @hN"):

@@ -90,6 +90,7 @@ class TrainConfig:
         name = {"nic": f"{base}+C", "nic-scaled": f"{base}+C scaled"}.get(self.compress, f"{base}+{self.compress}")
         off = [w for w, on in (("scaling", self.scaling), ("EF", self.error_feedback)) if on is False]
         name += f" h={self.headroom}" if self.headroom else ""
+        name += " +EF" if self.error_feedback else ""   # asked for: the codec's traits may not
         return name + (f" (no {', no '.join(off)})" if off else "")
 
     def check(self) -> None:
