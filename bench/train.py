@@ -239,12 +239,42 @@ def print_report(report: dict, results) -> None:
           "compresses the raw gradients / drops what it loses each iteration.")
 
 
+def load_report(path: str):
+    """The report and its runs from a file that ``--json`` wrote (``--report``), checked enough
+    that a wrong file is one clear error."""
+    from dataclasses import fields
+
+    from ..errors import UserError
+    from ..train.job import RunResult
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except OSError as e:
+        raise UserError(f"--report: cannot read {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"--report: {path} is not JSON ({e})") from None
+    keys = ("settings", "accuracy", "time_to_accuracy", "time_to_accuracy_at", "runs")
+    if not isinstance(report, dict) or any(k not in report for k in keys):
+        raise UserError(f"--report: {path} is not what 'inceptionn bench train --json' writes")
+    names = {f.name for f in fields(RunResult)}
+    try:
+        results = [RunResult(**{k: v for k, v in r.items() if k in names}) for r in report["runs"]]
+    except TypeError as e:
+        raise UserError(f"--report: a run in {path} lacks a field ({e})") from None
+    return report, results
+
+
 def run(args) -> int:
     from ..errors import UserError
     from ..train.cli import rate_arg
     from ..train.job import TrainConfig, preflight, preflight_testbed, run_configs
     from ..train.report import Progress, comparison_rows, write_chart
 
+    if args.report:
+        report, results = load_report(args.report)
+        print_report(report, results)
+        return 0
     names = parse_configs(args.configs)
     seeds = parse_seeds(args)
     preflight_testbed(args.hosts, rate_arg(args.rate), args.mtu, args.name or "btrain")
@@ -334,4 +364,6 @@ def add_arguments(p) -> None:
                    "link's time per iteration (run the accuracy runs unshaped, --rate none, to save time)")
     p.add_argument("--time-iters", type=int, default=30, metavar="N",
                    help="iterations of each --time-at run (default 30; seed of the first accuracy run)")
+    p.add_argument("--report", metavar="JSON", help="print the tables of an earlier run from the file its --json "
+                   "wrote, and run nothing (no root needed)")
     p.set_defaults(func=run)

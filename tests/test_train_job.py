@@ -88,6 +88,35 @@ def test_time_to_accuracy_on_hand_made_curves():
     assert rows["INC"]["seconds"] == pytest.approx(10.0) and rows["X"]["seconds"] == pytest.approx(4.0)
 
 
+def test_bench_train_reprints_a_saved_json_report(tmp_path):
+    """`bench train --report FILE` prints the tables of the report its --json wrote, runs nothing
+    (no testbed: no root needed), and a file that is not such a report is one clear error."""
+    from inceptionn.bench.train import accuracy_rows, time_to_accuracy_rows
+
+    res = [_fake("INC", 0, 0.5, 0.4, 0.92), _fake("INC", 1, 0.5, 0.4, 0.94),
+           _fake("INC+C", 0, 0.2, 0.1, 0.93), _fake("INC+C", 1, 0.2, 0.1, 0.95)]
+    report = {"settings": {"dataset": "digits", "hosts": 4, "rate": "100mbit", "mtu": 9000, "epochs": 1,
+                           "iters_per_epoch": 15, "seeds": [0, 1], "error_bound": -10, "time_iters": 30},
+              "time": comparison_rows(res), "accuracy": accuracy_rows(res, []),
+              "time_to_accuracy": time_to_accuracy_rows(res),
+              "time_to_accuracy_at": {"1gbit": time_to_accuracy_rows(res, per_iteration={"INC": 0.1, "INC+C": 0.04})},
+              "diverged": [], "runs": [r.to_dict() for r in res]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    proc = run_cli("bench", "train", "--report", str(path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "HDC on digits, 4 hosts, 100mbit links (MTU 9000)" in out and "seeds 0, 1" in out
+    assert any(line.startswith("INC+C") and "94.00%" in line and "+1.00" in line for line in out.splitlines()), out
+    assert "Time to accuracy at 1gbit" in out
+    assert any(line.startswith("INC+C") and "40.0 ms/iteration" in line for line in out.splitlines()), out
+
+    (tmp_path / "other.json").write_text(json.dumps({"rounds": 1}))
+    assert_one_line_error(run_cli("bench", "train", "--report", str(tmp_path / "other.json")),
+                          "is not what 'inceptionn bench train --json' writes")
+    assert_one_line_error(run_cli("bench", "train", "--report", str(tmp_path / "none.json")), "cannot read")
+
+
 def test_bench_train_config_syntax():
     from inceptionn.bench.train import config_spec, parse_configs
 
