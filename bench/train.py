@@ -239,6 +239,23 @@ def print_report(report: dict, results) -> None:
           "compresses the raw gradients / drops what it loses each iteration.")
 
 
+def build_report(settings: dict, results, diverged, timed: dict) -> dict:
+    """What ``--json`` prints and ``--report`` reads back: the settings, the tables computed from
+    ``results`` (``diverged``: (name, seed) pairs; ``timed``: rate -> name -> seconds per
+    iteration from ``time_per_iteration``) and every run."""
+    from ..train.report import comparison_rows
+
+    return {
+        "settings": settings,
+        "time": comparison_rows(results),
+        "accuracy": accuracy_rows(results, diverged),
+        "time_to_accuracy": time_to_accuracy_rows(results),
+        "time_to_accuracy_at": {rate: time_to_accuracy_rows(results, per_iteration=t) for rate, t in timed.items()},
+        "diverged": [{"name": n, "seed": sd} for n, sd in diverged],
+        "runs": [r.to_dict() for r in results],
+    }
+
+
 def load_report(path: str):
     """The report and its runs from a file that ``--json`` wrote (``--report``), checked enough
     that a wrong file is one clear error."""
@@ -260,8 +277,8 @@ def load_report(path: str):
     names = {f.name for f in fields(RunResult)}
     try:
         results = [RunResult(**{k: v for k, v in r.items() if k in names}) for r in report["runs"]]
-    except TypeError as e:
-        raise UserError(f"--report: a run in {path} lacks a field ({e})") from None
+    except (TypeError, AttributeError) as e:
+        raise UserError(f"--report: a run in {path} is not a bench train run ({e})") from None
     return report, results
 
 
@@ -269,7 +286,7 @@ def run(args) -> int:
     from ..errors import UserError
     from ..train.cli import rate_arg
     from ..train.job import TrainConfig, preflight, preflight_testbed, run_configs
-    from ..train.report import Progress, comparison_rows, write_chart
+    from ..train.report import Progress, write_chart
 
     if args.report:
         report, results = load_report(args.report)
@@ -320,19 +337,11 @@ def run(args) -> int:
         timed[t_rate] = time_per_iteration(configs[:len(names)], r0.iters_per_epoch, args.time_iters,
                                            hosts=args.hosts, rate=t_rate, mtu=args.mtu, name=args.name or "btrain",
                                            on_event=progress.event, progress=progress.line)
-    report = {
-        "settings": {"dataset": r0.dataset, "hosts": r0.hosts, "rate": rate, "mtu": args.mtu, "epochs": args.epochs,
-                     "iters_per_epoch": r0.iters_per_epoch, "seeds": seeds, "configs": names,
-                     "error_bound": args.error_bound, "lr": args.lr, "warmup_iters": args.warmup_iters,
-                     "time_at": time_rates, "time_iters": args.time_iters,
-                     "load_average": os.getloadavg()},
-        "time": comparison_rows(results),
-        "accuracy": accuracy_rows(results, diverged),
-        "time_to_accuracy": time_to_accuracy_rows(results),
-        "time_to_accuracy_at": {t_rate: time_to_accuracy_rows(results, per_iteration=t) for t_rate, t in timed.items()},
-        "diverged": [{"name": n, "seed": sd} for n, sd in diverged],
-        "runs": [r.to_dict() for r in results],
-    }
+    report = build_report({"dataset": r0.dataset, "hosts": r0.hosts, "rate": rate, "mtu": args.mtu,
+                           "epochs": args.epochs, "iters_per_epoch": r0.iters_per_epoch, "seeds": seeds,
+                           "configs": names, "error_bound": args.error_bound, "lr": args.lr,
+                           "warmup_iters": args.warmup_iters, "time_at": time_rates, "time_iters": args.time_iters,
+                           "load_average": os.getloadavg()}, results, diverged, timed)
     if args.chart:
         report["chart"] = write_chart(results, os.path.abspath(args.chart),
                                       f"bench train: HDC on {r0.dataset}, {r0.hosts} hosts, {rate or 'unshaped'}, "

@@ -91,16 +91,13 @@ def test_time_to_accuracy_on_hand_made_curves():
 def test_bench_train_reprints_a_saved_json_report(tmp_path):
     """`bench train --report FILE` prints the tables of the report its --json wrote, runs nothing
     (no testbed: no root needed), and a file that is not such a report is one clear error."""
-    from inceptionn.bench.train import accuracy_rows, time_to_accuracy_rows
+    from inceptionn.bench.train import build_report
 
     res = [_fake("INC", 0, 0.5, 0.4, 0.92), _fake("INC", 1, 0.5, 0.4, 0.94),
            _fake("INC+C", 0, 0.2, 0.1, 0.93), _fake("INC+C", 1, 0.2, 0.1, 0.95)]
-    report = {"settings": {"dataset": "digits", "hosts": 4, "rate": "100mbit", "mtu": 9000, "epochs": 1,
+    report = build_report({"dataset": "digits", "hosts": 4, "rate": "100mbit", "mtu": 9000, "epochs": 1,
                            "iters_per_epoch": 15, "seeds": [0, 1], "error_bound": -10, "time_iters": 30},
-              "time": comparison_rows(res), "accuracy": accuracy_rows(res, []),
-              "time_to_accuracy": time_to_accuracy_rows(res),
-              "time_to_accuracy_at": {"1gbit": time_to_accuracy_rows(res, per_iteration={"INC": 0.1, "INC+C": 0.04})},
-              "diverged": [], "runs": [r.to_dict() for r in res]}
+                          res, [], {"1gbit": {"INC": 0.1, "INC+C": 0.04}})
     path = tmp_path / "run.json"
     path.write_text(json.dumps(report))
     proc = run_cli("bench", "train", "--report", str(path))
