@@ -36,6 +36,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from ..collective.scaling import scaled_copy
+from ..daemon.config import NicdConfig
 from ..daemon.launch import nicd, read_stats
 from ..errors import UserError
 from ..limits import DEFAULT_ERROR_BOUND
@@ -150,11 +151,11 @@ def flood_transfer(attacker, sender, receiver, path: str, reps: int, pps: float,
 
 
 def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues, streams, rate_bps, label,
-                first_round=0, trains=False) -> dict:
-    """Rounds of the tagged stream with nicd --gso --queues ``queues`` (and --trains) on both hosts:
-    goodput, wire packets, and each daemon's CPU (all its threads, /proc/<pid>/stat) per wall
-    second and per GB."""
-    res = {"queues": queues, "trains": trains}
+                first_round=0, trains=None) -> dict:
+    """Rounds of the tagged stream with nicd --gso --queues ``queues`` on both hosts (``trains``:
+    True --trains, False --no-trains, None the daemon's default): goodput, wire packets, and each
+    daemon's CPU (all its threads, /proc/<pid>/stat) per wall second and per GB."""
+    res = {"queues": queues, "trains": NicdConfig().trains if trains is None else trains}
     acc = {"gso_gbps": [], "gso_packets": 0, "gso_bytes": 0}
     with ExitStack() as g:
         gd = [g.enter_context(nicd(h, s, error_bound, gso=True, queues=queues, trains=trains))
@@ -164,7 +165,7 @@ def measure_gso(h1, h2, socks, path, reps, rounds, error_bound, timeout, queues,
             t0 = time.perf_counter()
             timed_transfer(h1, h2, path, reps, TOS_TAGGED, timeout, acc, "gso", streams)
             busy += time.perf_counter() - t0
-            log(f"{label} gso{' --trains' if trains else ''} {queues} queue(s) round {first_round + r + 1}: soft NIC "
+            log(f"{label} gso{' --trains' if res['trains'] else ' --no-trains'} {queues} queue(s) round {first_round + r + 1}: soft NIC "
                 f"{acc['gso_gbps'][-1]:.3f} Gbit/s, "
                 f"load {os.getloadavg()[0]:.1f}")
         cpu = [cpu_seconds(d.pid) - c for d, c in zip(gd, cpu0)]
@@ -418,7 +419,9 @@ def print_gso_report(r: dict) -> None:
     links = [x for x in r["links"] if x.get("gso_runs")]
     if not links:
         return
-    print(f"\nGSO fast path (nicd --gso on both hosts, {r.get('streams', 1)} stream(s)) beside the per-packet soft NIC; "
+    v3 = links[0]["gso_runs"][0].get("trains")
+    print(f"\nGSO fast path (nicd --gso on both hosts, wire format {'v3, trains' if v3 else 'v2'}, "
+          f"{r.get('streams', 1)} stream(s)) beside the per-packet soft NIC; "
           "Gbit/s of original payload, median [min-max]; data packets on the receiver's wire per MB of payload:")
     print(f"{'link':<22}{'soft NIC':>20}{'q':>3}{'--gso':>20}{'ratio':>8}{'of ideal':>9}{'CPU tx/rx':>12}"
           f"{'CPU s/GB tx/rx':>16}{'pkt/MB MSS':>12}{'per-packet':>11}{'--gso':>7}  packets per sender queue")

@@ -13,6 +13,8 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from netns_helpers import needs_root
 
+from inceptionn.daemon.config import NicdConfig
+
 
 @needs_root
 def test_default_measures_the_daemons_default_gso(no_leaks, capsys):
@@ -63,6 +65,8 @@ def test_both_paths_gso_with_one_and_two_queues(no_leaks, capsys):
     for g in link["gso_runs"]:
         assert g["bytes"] == nbytes and g["gbps"][0] > 0
         assert g["super_packets"] > 0 and g["send_errors"] == 0 and g["drops"] == {}, g
+        # the daemons' default format (v3): their super-packets leave as trains
+        assert g["trains"] is NicdConfig().trains and (g["trains_sent"] > 0) is g["trains"], g
         assert g["ratio"] > 3, g  # gradients compress ~6x
         assert g["sender_s_per_gb"] > 0 and g["receiver_s_per_gb"] > 0
         assert len(g["sender_queue_packets"]) == g["queues"] and sum(g["sender_queue_packets"]) > 0
