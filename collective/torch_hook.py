@@ -1,5 +1,7 @@
-"""PyTorch DDP communication hook: DDP's gradient buckets reduced by the INCEPTIONN ring over
-sockets tagged for the soft NIC, instead of by the process group's allreduce.
+"""PyTorch DDP communication hook: DDP's gradient buckets reduced by the INCEPTIONN ring instead
+of by the process group's allreduce, compressed by the INCEPTIONN codec inside the ring (the
+default, ``compress="app"``: no daemon needed) or by the soft NICs (``compress="nic"``: sockets
+tagged for them).
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -9,7 +11,7 @@ sockets tagged for the soft NIC, instead of by the process group's allreduce.
     dist.init_process_group("gloo", ...)            # DDP's own setup (parameter broadcast) stays on gloo
     group = Group.from_torch(bind_addr=my_ip)        # rendezvous through the process group
     model = DDP(net)
-    state = RingHookState(group, compress="nic")     # options of Group.allreduce (headroom=: the Group's)
+    state = RingHookState(group)                     # options of Group.allreduce (headroom=: the Group's)
     model.register_comm_hook(state, ring_hook)
     ... train ...
     state.close(); group.close()
@@ -21,6 +23,10 @@ state, buckets strictly in the order DDP hands them over (the same on every rank
 exchange of a bucket overlaps the backward pass of the layers before it; ``background=False``
 reduces inside the hook. Error feedback is kept per bucket (key ``("ddp", index, numel)``), so it
 survives DDP rebuilding its buckets after the first iteration.
+
+The default is the path that reached uncompressed accuracy soonest (docs/training.md, "Which
+codec at which link rate, and the defaults"): the same codec and arithmetic as ``"nic"``, so the
+same results, without the soft NICs' CPU.
 
 Only float32 CPU buckets are reduced (the ring works on numpy views); anything else completes the
 future with a TypeError. Torch is imported only by this module.
@@ -41,7 +47,7 @@ _STOP = object()
 class RingHookState:
     """What ``ring_hook`` needs: the Group and the options of ``Group.allreduce``."""
 
-    def __init__(self, group: Group, *, compress="nic", codec=None, scaling=None, error_feedback=None,
+    def __init__(self, group: Group, *, compress="app", codec=None, scaling=None, error_feedback=None,
                  headroom=None, average: bool = True, background: bool = True) -> None:
         if not isinstance(group, Group):
             raise TypeError(f"group must be an inceptionn Group, got {type(group).__name__}")
