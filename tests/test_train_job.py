@@ -244,6 +244,33 @@ def test_defaults_train_as_well_as_uncompressed(tb_name, no_leaks):
     assert abs(last["nic"] - last["none"]) <= 0.02, (comp.accuracy, plain.accuracy)
 
 
+def test_noise_seeds_come_from_the_run_seed_and_the_rank():
+    """A stochastic codec's rounding seed: the same for the same (seed, rank), another per rank
+    and per seed; THC's shared rotation seed is left alone (its noise has a seed of its own)."""
+    assert worker.noise_seeds("terngrad", 3, 1) == worker.noise_seeds("terngrad", 3, 1)
+    assert len({worker.noise_seeds("terngrad", s, r)["seed"] for s in (0, 1) for r in range(4)}) == 8
+    assert set(worker.noise_seeds("thc", 0, 1)) == {"noise_seed"}
+    assert worker.noise_seeds("inceptionn", 0, 1) == {} == worker.noise_seeds("3lc", 0, 1)
+
+
+@needs_root
+def test_stochastic_codecs_repeat_with_the_seed(tb_name, no_leaks):
+    """TernGrad and THC round at random inside the ring: two runs of one seed end with the same
+    parameters bit for bit (so bench train's seeds mean something for them too), another seed
+    with others. Each worker's codec drew from OS entropy before, and runs of one seed differed."""
+    runs = {}
+    with TrainingTestbed(hosts=3, rate=None, mtu=9000, name=tb_name) as bed:
+        for codec in ("terngrad", "thc"):
+            for seed in (0, 0, 1):
+                r = bed.run(TrainConfig(algo="inc", compress=codec, epochs=2, max_iters=8, seed=seed),
+                            lambda c, e: None)
+                assert r.replicas_identical, r.replicas
+                runs.setdefault(codec, []).append((r.replicas[0]["checksum"], r.accuracy))
+    for codec, (a, b, other) in runs.items():
+        assert a == b, (codec, a, b)
+        assert other[0] != a[0], (codec, other, a)
+
+
 @needs_root
 def test_demo_recipe_trains_stably(tb_name, no_leaks):
     """The demo's recipe (lr 0.1, momentum 0.9, warm-up over 30 iterations) on the uncompressed

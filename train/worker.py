@@ -101,7 +101,24 @@ def make_codec(cfg: dict):
         return "nic", passthrough_codec()
     if compress == "nic":
         return "nic", get_codec("inceptionn", error_bound=cfg["error_bound"])
-    return "app", get_codec(compress, **applicable(compress, error_bound=cfg["error_bound"]))
+    return "app", get_codec(compress, **applicable(compress, error_bound=cfg["error_bound"],
+                                                   **noise_seeds(compress, cfg["seed"], cfg["rank"])))
+
+
+def noise_seeds(codec: str, seed: int, rank: int) -> dict:
+    """The seeds of a codec's random rounding, from the run's seed and the rank: a run repeats bit
+    for bit and each worker's noise is its own (a codec left to seed itself takes OS entropy, so
+    runs of the same seed differed). A codec with a ``noise_seed`` keeps ``seed`` for what every
+    worker shares (THC's rotation); one with only ``seed`` draws its noise from it (TernGrad)."""
+    import numpy as np
+
+    from inceptionn.codecs import codec_parameters
+
+    own = int(np.random.SeedSequence([seed, 15485863, rank]).generate_state(1, np.uint64)[0])
+    params = codec_parameters(codec)
+    if "noise_seed" in params:
+        return {"noise_seed": own}
+    return {"seed": own} if "seed" in params else {}
 
 
 def make_group(cfg: dict, mode, codec):
