@@ -11,7 +11,7 @@ tagged for them).
     dist.init_process_group("gloo", ...)            # DDP's own setup (parameter broadcast) stays on gloo
     group = Group.from_torch(bind_addr=my_ip)        # rendezvous through the process group
     model = DDP(net)
-    state = RingHookState(group)                     # options of Group.allreduce (headroom=: the Group's)
+    state = RingHookState(group)                     # options of Group.allreduce
     model.register_comm_hook(state, ring_hook)
     ... train ...
     state.close(); group.close()
@@ -24,9 +24,10 @@ exchange of a bucket overlaps the backward pass of the layers before it; ``backg
 reduces inside the hook. Error feedback is kept per bucket (key ``("ddp", index, numel)``), so it
 survives DDP rebuilding its buckets after the first iteration.
 
-The default is the path that reached uncompressed accuracy soonest (docs/training.md, "Which
-codec at which link rate, and the defaults"): the same codec and arithmetic as ``"nic"``, so the
-same results, without the soft NICs' CPU.
+The defaults are what reached uncompressed accuracy soonest (docs/training.md, "Which codec at
+which link rate, and the defaults"): the codec in the application (the same codec and arithmetic
+as ``"nic"``, so the same results, without the soft NICs' CPU) at headroom ``DEFAULT_HEADROOM``
+(2 bits of each block's precision given up for a higher ratio; ``headroom=0`` is the most precise).
 
 Only float32 CPU buckets are reduced (the ring works on numpy views); anything else completes the
 future with a TypeError. Torch is imported only by this module.
@@ -39,20 +40,24 @@ import torch.distributed as dist
 
 from .group import Group, check_headroom
 
-__all__ = ["RingHookState", "ring_hook", "register_ring_hook"]
+__all__ = ["DEFAULT_HEADROOM", "RingHookState", "ring_hook", "register_ring_hook"]
 
 _STOP = object()
+
+# The hook's headroom unless given: h = 2 reached the uncompressed accuracy sooner than h = 0 at
+# 100 Mbit and 1 Gbit on digits (12 seeds) and MNIST (6), ending 0.16 point below it on both.
+DEFAULT_HEADROOM = 2
 
 
 class RingHookState:
     """What ``ring_hook`` needs: the Group and the options of ``Group.allreduce``."""
 
     def __init__(self, group: Group, *, compress="app", codec=None, scaling=None, error_feedback=None,
-                 headroom=None, average: bool = True, background: bool = True) -> None:
+                 headroom=DEFAULT_HEADROOM, average: bool = True, background: bool = True) -> None:
         if not isinstance(group, Group):
             raise TypeError(f"group must be an inceptionn Group, got {type(group).__name__}")
         group._mode(compress)   # refuse bad values now, not inside backward()
-        if headroom is not None:
+        if headroom is not None:   # None: the Group's
             check_headroom(headroom)
         self.group = group
         self.options = dict(compress=compress, codec=codec, scaling=scaling, error_feedback=error_feedback,
