@@ -191,9 +191,9 @@ def run(cfg: dict) -> int:
     feedback = (None if cfg["error_feedback"] is None else bool(cfg["error_feedback"])) if lossy else False
     rng = np.random.default_rng([seed, 104729, rank])
     inv_world = np.float32(1.0 / world)
-    # the mean gradient, written into one buffer: a fresh temporary per iteration (sum * inv_world)
-    # made the update 3.8 ms instead of 1.9 (HDC on digits, 2 hosts), a cost the DDP configs,
-    # whose hooks average in place, did not pay
+    # WA's mean gradient, written into one buffer (INC averages in place inside the allreduce): a
+    # fresh temporary per iteration (sum * inv_world) made the update 3.8 ms instead of 1.9 (HDC on
+    # digits, 2 hosts), a cost the DDP configs, whose hooks average in place, did not pay
     mean_grad = np.empty(model.n_params, dtype=np.float32)
 
     if cfg["algo"] == "ddp":
@@ -244,11 +244,11 @@ def run(cfg: dict) -> int:
                     s1 = s0
                     opt.step(model.params, mean)
                 elif cfg["algo"] == "inc":
-                    summed = group.allreduce(grad, out=grad, compress=mode, codec=codec, scaling=scaling,
-                                             error_feedback=feedback, headroom=cfg["headroom"])
+                    mean = group.allreduce(grad, out=grad, average=True, compress=mode, codec=codec,
+                                           scaling=scaling, error_feedback=feedback, headroom=cfg["headroom"])
                     t2 = time.perf_counter()
                     s1 = _stats_snapshot(group)
-                    opt.step(model.params, np.multiply(summed, inv_world, out=mean_grad))
+                    opt.step(model.params, mean)
                 else:
                     t_update[0] = 0.0
                     new = group.wa_step(grad, update, compress=mode, codec=codec, scaling=scaling,
